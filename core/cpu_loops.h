@@ -1,0 +1,40 @@
+// CPU loops: parallel_for over element indices (OpenMP over both cores when the
+// work is large enough) and cpu_map for elementwise maps.
+#pragma once
+#include <cstdint>
+
+#include "core/map_args.h"
+
+namespace tg::cpu {
+
+constexpr int64_t kParallelGrain = 1 << 14;
+
+template <class F>
+void parallel_for(int64_t n, const F& f) {
+#pragma omp parallel for if (n >= kParallelGrain)
+  for (int64_t i = 0; i < n; ++i) f(i);
+}
+
+template <class T, int N, class F>
+void map(const MapArgs<T, N>& a, const F& f) {
+  parallel_for(a.n, [&](int64_t i) {
+    T v[N];
+    for (int k = 0; k < N; ++k) v[k] = a.in[k][a.contiguous ? i : a.in_idx[k].offset(i)];
+    a.out[i] = apply_map<T, N>(f, v);
+  });
+}
+
+}  // namespace tg::cpu
+
+namespace tg::cpu {
+
+// The CPU loop as an object, so device-generic launchers (ops/*.h) take either it or cuda::Loop.
+struct Loop {
+  const char* op;
+  template <class F>
+  void operator()(int64_t n, const F& f) const { parallel_for(n, f); }
+  template <class T, int N, class F>
+  void map(const MapArgs<T, N>& a, const F& f) const { cpu::map(a, f); }
+};
+
+}  // namespace tg::cpu

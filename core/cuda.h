@@ -1,0 +1,40 @@
+// The CUDA device as seen from code that does not include CUDA headers. Every
+// function here exists in CPU-only builds too: is_available() is then false.
+#pragma once
+#include <cstddef>
+#include <string>
+
+namespace tg::cuda {
+
+bool is_available();
+int device_count();
+void synchronize();
+
+struct MemoryStats {
+  std::size_t allocated = 0;       // bytes held by live tensors
+  std::size_t reserved = 0;        // bytes obtained with cudaMalloc (live + cached)
+  std::size_t peak_allocated = 0;  // high-water mark of `allocated`
+  std::size_t device_allocs = 0;   // number of cudaMalloc calls so far
+};
+MemoryStats memory_stats();
+void empty_cache();  // returns cached blocks to the driver
+void reset_peak_memory_stats();
+
+// Synchronous debug mode: synchronise after every op so that an asynchronous
+// fault is blamed on the op that caused it. Also on when TG_CUDA_SYNC=1.
+void set_sync_debug(bool on);
+bool sync_debug();
+
+}  // namespace tg::cuda
+
+namespace tg {
+
+// Like torch.set_float32_matmul_precision: "highest" = fp32 FMA (default),
+// "high" = TF32 tensor cores. CPU GEMMs are always fp32/fp64.
+enum class MatmulPrecision { Default, Highest, High };
+void set_float32_matmul_precision(const std::string& precision);
+MatmulPrecision float32_matmul_precision();
+// A per-call precision, or the global one when `requested` is Default.
+MatmulPrecision resolve_precision(MatmulPrecision requested);
+
+}  // namespace tg

@@ -1,0 +1,115 @@
+#include <map>
+#include <mutex>
+#include <unordered_map>
+
+#include "core/cuda.h"
+#include "core/cuda_allocator.h"
+#include "core/cuda_context.h"
+#include "core/error.h"
+
+namespace tg::cuda {
+
+namespace {
+
+constexpr std::size_t kSmallRound = 512;             // small blocks: multiples of 512 B
+constexpr std::size_t kLargeRound = 2 << 20;         // large blocks: multiples of 2 MiB
+constexpr std::size_t kLargeThreshold = 1 << 20;
+
+std::size_t round_size(std::size_t n) {
+  const std::size_t r = n < kLargeThreshold ? kSmallRound : kLargeRound;
+  return (std::max<std::size_t>(n, 1) + r - 1) / r * r;
+}
+
+class CachingAllocator {
+ public:
+  void* allocate(std::size_t nbytes) {
+    const std::size_t size = round_size(nbytes);
+    std::lock_guard<std::mutex> lock(mutex_);
+    void* p = take_cached(size);
+    if (!p) p = device_malloc(size);
+    live_[p] = size;
+    stats_.allocated += size;
+    stats_.peak_allocated = std::max(stats_.peak_allocated, stats_.allocated);
+    return p;
+  }
+
+  void deallocate(void* p) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = live_.find(p);
+    if (it == live_.end()) return;
+    stats_.allocated -= it->second;
+    free_.emplace(it->second, p);
+    live_.erase(it);
+  }
+
+  void empty_cache() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    TG_CUDA_CHECK(cudaStreamSynchronize(stream()), "empty_cache");
+    for (const auto& [size, p] : free_) {
+      TG_CUDA_CHECK(cudaFree(p), "empty_cache");
+      stats_.reserved -= size;
+    }
+    free_.clear();
+  }
+
+  MemoryStats stats() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return stats_;
+  }
+  void reset_peak() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.peak_allocated = stats_.allocated;
+  }
+
+ private:
+  // Best fit, but never hand a block more than twice the request.
+  void* take_cached(std::size_t size) {
+    const auto it = free_.lower_bound(size);
+    if (it == free_.end() || it->first > 2 * size) return nullptr;
+    void* p = it->second;
+    free_.erase(it);
+    return p;
+  }
+
+  void* device_malloc(std::size_t size) {
+    context();
+    void* p = nullptr;
+    cudaError_t status = cudaMalloc(&p, size);
+    if (status == cudaErrorMemoryAllocation) {  // release the cache and try once more
+      cudaGetLastError();
+      for (const auto& [s, q] : free_) {
+        cudaFree(q);
+        stats_.reserved -= s;
+      }
+      free_.clear();
+      status = cudaMalloc(&p, size);
+    }
+    TG_CHECK(status == cudaSuccess, "cuda allocator: cudaMalloc of ", size, " bytes failed: ",
+             cudaGetErrorString(status), " (allocated ", stats_.allocated, ", reserved ",
+             stats_.reserved, ")");
+    stats_.reserved += size;
+    ++stats_.device_allocs;
+    return p;
+  }
+
+  std::mutex mutex_;
+  std::multimap<std::size_t, void*> free_;
+  std::unordered_map<void*, std::size_t> live_;
+  MemoryStats stats_;
+};
+
+// Never destroyed: tensors freed during static destruction still return here.
+CachingAllocator& allocator() {
+  static auto* a = new CachingAllocator;
+  return *a;
+}
+
+}  // namespace
+
+void* allocate(std::size_t nbytes) { return allocator().allocate(nbytes); }
+void deallocate(void* p) { allocator().deallocate(p); }
+MemoryStats memory_stats() { return allocator().stats(); }
+void empty_cache() { allocator().empty_cache(); }
+void reset_peak_memory_stats() { allocator().reset_peak(); }
+
+}  // namespace tg::cuda

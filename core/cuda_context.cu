@@ -1,0 +1,69 @@
+#include <cstdlib>
+#include <mutex>
+
+#include "core/cuda.h"
+#include "core/cuda_context.h"
+#include "core/error.h"
+
+namespace tg::cuda {
+
+namespace {
+bool sync_debug_flag = [] {
+  const char* env = std::getenv("TG_CUDA_SYNC");
+  return env && std::string(env) == "1";
+}();
+}  // namespace
+
+bool is_available() { return device_count() > 0; }
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no device" error
+    return 0;
+  }
+  return n;
+}
+
+void synchronize() { TG_CUDA_CHECK(cudaStreamSynchronize(stream()), "synchronize"); }
+void set_sync_debug(bool on) { sync_debug_flag = on; }
+bool sync_debug() { return sync_debug_flag; }
+
+Context& context() {
+  static Context ctx;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    TG_CHECK(is_available(), "cuda: no CUDA device is available");
+    TG_CUDA_CHECK(cudaGetDevice(&ctx.device), "cuda context");
+    TG_CUDA_CHECK(cudaDeviceGetAttribute(&ctx.sm_count, cudaDevAttrMultiProcessorCount, ctx.device),
+                  "cuda context");
+    TG_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx.stream, cudaStreamNonBlocking), "cuda context");
+    TG_CUDA_CHECK(cublasCreate(&ctx.cublas), "cuda context");
+    TG_CUDA_CHECK(cublasSetStream(ctx.cublas, ctx.stream), "cuda context");
+    TG_CUDA_CHECK(cudnnCreate(&ctx.cudnn), "cuda context");
+    TG_CUDA_CHECK(cudnnSetStream(ctx.cudnn, ctx.stream), "cuda context");
+  });
+  return ctx;
+}
+
+void check(cudaError_t status, const char* op, const char* call) {
+  TG_CHECK(status == cudaSuccess, op, ": CUDA call ", call, " failed: ", cudaGetErrorName(status),
+           " (", cudaGetErrorString(status), ")");
+}
+
+void check(cublasStatus_t status, const char* op, const char* call) {
+  TG_CHECK(status == CUBLAS_STATUS_SUCCESS, op, ": cuBLAS call ", call, " failed: ",
+           cublasGetStatusName(status), " (", cublasGetStatusString(status), ")");
+}
+
+void check(cudnnStatus_t status, const char* op, const char* call) {
+  TG_CHECK(status == CUDNN_STATUS_SUCCESS, op, ": cuDNN call ", call, " failed: ",
+           cudnnGetErrorString(status));
+}
+
+void check_launch(const char* op) {
+  check(cudaGetLastError(), op, "kernel launch");
+  if (sync_debug_flag) check(cudaStreamSynchronize(stream()), op, "kernel (TG_CUDA_SYNC=1)");
+}
+
+}  // namespace tg::cuda

@@ -1,0 +1,32 @@
+// The per-device CUDA context (one stream, a cuBLAS handle, a cuDNN handle),
+// created lazily, and the checks that turn every failing CUDA, cuBLAS and cuDNN
+// call into a tg::Error naming the op and the call.
+#pragma once
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+namespace tg::cuda {
+
+struct Context {
+  int device = 0;
+  int sm_count = 0;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;
+  cudnnHandle_t cudnn = nullptr;
+};
+
+Context& context();
+inline cudaStream_t stream() { return context().stream; }
+
+void check(cudaError_t status, const char* op, const char* call);
+void check(cublasStatus_t status, const char* op, const char* call);
+void check(cudnnStatus_t status, const char* op, const char* call);
+
+// After a kernel launch: raises launch errors, and in sync-debug mode waits
+// for the kernel so that a fault inside it is reported against `op`.
+void check_launch(const char* op);
+
+}  // namespace tg::cuda
+
+#define TG_CUDA_CHECK(call, op) ::tg::cuda::check((call), (op), #call)

@@ -1,0 +1,16 @@
+// The tg::cuda entry points of a build without CUDA.
+#include "core/cuda.h"
+#include "core/dispatch.h"
+
+namespace tg::cuda {
+
+bool is_available() { return false; }
+int device_count() { return 0; }
+void synchronize() { no_cuda_backend(); }
+MemoryStats memory_stats() { return no_cuda_backend<MemoryStats>(); }
+void empty_cache() { no_cuda_backend(); }
+void reset_peak_memory_stats() { no_cuda_backend(); }
+void set_sync_debug(bool) { no_cuda_backend(); }
+bool sync_debug() { return false; }
+
+}  // namespace tg::cuda

@@ -1,0 +1,67 @@
+// Philox 4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3").
+// A counter-based generator: the random bits of element i are a pure function
+// of (seed, offset, i), so a dropout mask can be regenerated anywhere (in a CPU
+// loop now, inside a CUDA kernel later) without being stored.
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#include "core/hd.h"
+
+namespace tg {
+
+struct Philox4 {
+  uint32_t v[4];
+};
+
+TG_HD uint32_t mulhilo32(uint32_t a, uint32_t b, uint32_t* hi) {
+  const uint64_t p = static_cast<uint64_t>(a) * b;
+  *hi = static_cast<uint32_t>(p >> 32);
+  return static_cast<uint32_t>(p);
+}
+
+// Ten rounds of the Philox 4x32 bijection of `ctr` under `key`.
+TG_HD Philox4 philox4x32_10(Philox4 ctr, uint32_t key0, uint32_t key1) {
+  for (int round = 0; round < 10; ++round) {
+    uint32_t hi0, hi1;
+    const uint32_t lo0 = mulhilo32(0xD2511F53u, ctr.v[0], &hi0);
+    const uint32_t lo1 = mulhilo32(0xCD9E8D57u, ctr.v[2], &hi1);
+    ctr = Philox4{{hi1 ^ ctr.v[1] ^ key0, lo1, hi0 ^ ctr.v[3] ^ key1, lo0}};
+    key0 += 0x9E3779B9u;
+    key1 += 0xBB67AE85u;
+  }
+  return ctr;
+}
+
+// Where a random tensor's bits come from: the seed is the key, the offset is
+// the high half of the counter and the element group index the low half.
+struct PhiloxState {
+  uint64_t seed = 0;
+  uint64_t offset = 0;
+};
+
+TG_HD Philox4 philox_block(PhiloxState s, uint64_t group) {
+  const Philox4 ctr{{static_cast<uint32_t>(group), static_cast<uint32_t>(group >> 32),
+                     static_cast<uint32_t>(s.offset), static_cast<uint32_t>(s.offset >> 32)}};
+  return philox4x32_10(ctr, static_cast<uint32_t>(s.seed), static_cast<uint32_t>(s.seed >> 32));
+}
+
+// Uniform in [0, 1) with 24 random bits: exact in float, so host and device agree bit for bit.
+TG_HD float philox_uniform(PhiloxState s, int64_t i) {
+  const uint32_t bits = philox_block(s, static_cast<uint64_t>(i) / 4).v[i % 4];
+  return static_cast<float>(bits >> 8) * (1.0f / 16777216.0f);
+}
+
+// Standard normal by Box-Muller from two 32-bit lanes of one block.
+TG_HD double philox_normal(PhiloxState s, int64_t i) {
+  const Philox4 r = philox_block(s, static_cast<uint64_t>(i) / 2);
+  const int lane = static_cast<int>(i % 2) * 2;
+  const double u1 = (static_cast<double>(r.v[lane]) + 1.0) * (1.0 / 4294967296.0);  // (0, 1]
+  const double u2 = static_cast<double>(r.v[lane + 1]) * (1.0 / 4294967296.0);
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+}
+
+// The dropout keep decision for element i; p is the drop probability.
+TG_HD bool dropout_keep(PhiloxState s, int64_t i, float p) { return philox_uniform(s, i) >= p; }
+
+}  // namespace tg

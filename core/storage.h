@@ -1,0 +1,33 @@
+// Storage: one allocation on one device, shared by every view of it. The
+// version counter is bumped by in-place writes so autograd can detect that a
+// tensor saved for backward was modified.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "core/device.h"
+
+namespace tg {
+
+class Storage {
+ public:
+  Storage(std::size_t nbytes, Device device);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() const { return data_; }
+  std::size_t nbytes() const { return nbytes_; }
+  Device device() const { return device_; }
+  uint64_t version() const { return version_; }
+  void bump_version() { ++version_; }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t nbytes_ = 0;
+  Device device_;
+  uint64_t version_ = 0;
+};
+
+}  // namespace tg

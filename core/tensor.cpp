@@ -1,0 +1,270 @@
+#include "core/tensor.h"
+
+#include <iomanip>
+#include <ostream>
+
+#include "autograd/engine.h"
+#include "autograd/grad_mode.h"
+#include "core/error.h"
+#include "core/random.h"
+#include "ops/copy.h"
+#include "ops/elementwise.h"
+#include "ops/views.h"
+
+namespace tg {
+
+// ---- metadata
+
+const TensorImpl& Tensor::checked_impl() const {
+  TG_CHECK(impl_, "Tensor: use of an undefined tensor");
+  return *impl_;
+}
+const Shape& Tensor::shape() const { return checked_impl().shape; }
+const Shape& Tensor::strides() const { return checked_impl().strides; }
+int64_t Tensor::size(int64_t d) const { return shape()[normalize_dim("size", d, dim())]; }
+int64_t Tensor::numel() const { return tg::numel(shape()); }
+int64_t Tensor::offset() const { return checked_impl().offset; }
+DType Tensor::dtype() const { return checked_impl().dtype; }
+Device Tensor::device() const { return checked_impl().storage->device(); }
+uint64_t Tensor::version() const { return checked_impl().storage->version(); }
+bool Tensor::same_storage(const Tensor& o) const { return impl_ && o.impl_ && impl_->storage == o.impl_->storage; }
+
+bool Tensor::is_contiguous() const {
+  const Shape expected = contiguous_strides(shape());
+  for (size_t i = 0; i < shape().size(); ++i)
+    if (shape()[i] != 1 && strides()[i] != expected[i]) return false;
+  return true;
+}
+
+void* Tensor::raw_data() const {
+  const auto& t = checked_impl();
+  return static_cast<char*>(t.storage->data()) + t.offset * element_size(t.dtype);
+}
+
+template <class T>
+T* Tensor::data() const {
+  TG_CHECK(dtype() == dtype_of<T>(), "Tensor::data: tensor is ", dtype(), ", asked for ",
+           dtype_of<T>());
+  return static_cast<T*>(raw_data());
+}
+template float* Tensor::data<float>() const;
+template double* Tensor::data<double>() const;
+
+// ---- element access
+
+std::vector<double> Tensor::to_vector() const {
+  const Tensor c = to(Device::CPU).contiguous();
+  std::vector<double> out(c.numel());
+  TG_DISPATCH_FLOAT(c.dtype(), T, [&] {
+    const T* p = c.data<T>();
+    for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<double>(p[i]);
+  });
+  return out;
+}
+
+double Tensor::item() const {
+  TG_CHECK(numel() == 1, "item: tensor of shape ", shape(), " has ", numel(), " elements, not 1");
+  return to_vector()[0];
+}
+
+double Tensor::at(std::initializer_list<int64_t> index) const {
+  TG_CHECK(static_cast<int64_t>(index.size()) == dim(), "at: ", index.size(),
+           " indices given for a tensor of shape ", shape());
+  int64_t off = offset();
+  int d = 0;
+  for (int64_t i : index) {
+    TG_CHECK(i >= 0 && i < shape()[d], "at: index ", i, " out of range for dim ", d, " of shape ",
+             shape());
+    off += i * strides()[d++];
+  }
+  return make_view(*this, {}, {}, off).item();
+}
+
+// ---- conversions
+
+Tensor Tensor::to(DType t) const {
+  if (t == dtype()) return *this;
+  return cast(*this, t);
+}
+
+Tensor Tensor::to(Device d) const {
+  if (d == device()) return *this;
+  return to_device(*this, d);
+}
+
+Tensor Tensor::clone() const { return tg::clone(*this); }
+Tensor Tensor::contiguous() const { return tg::contiguous(*this); }
+
+// ---- views
+
+Tensor Tensor::view(const Shape& s) const { return tg::view(*this, s); }
+Tensor Tensor::reshape(const Shape& s) const { return tg::reshape(*this, s); }
+Tensor Tensor::permute(const std::vector<int64_t>& d) const { return tg::permute(*this, d); }
+Tensor Tensor::transpose(int64_t a, int64_t b) const { return tg::transpose(*this, a, b); }
+Tensor Tensor::narrow(int64_t d, int64_t s, int64_t l) const { return tg::narrow(*this, d, s, l); }
+Tensor Tensor::expand(const Shape& s) const { return tg::expand(*this, s); }
+Tensor Tensor::unsqueeze(int64_t d) const { return tg::unsqueeze(*this, d); }
+Tensor Tensor::squeeze(int64_t d) const { return tg::squeeze(*this, d); }
+
+// ---- autograd
+
+bool Tensor::requires_grad() const { return checked_impl().requires_grad; }
+
+Tensor& Tensor::requires_grad_(bool on) {
+  TG_CHECK(is_leaf() || on, "requires_grad_: only leaf tensors can stop requiring grad; use detach()");
+  impl_->requires_grad = on;
+  return *this;
+}
+
+Tensor Tensor::grad() const { return Tensor(checked_impl().grad); }
+void Tensor::zero_grad() { checked_impl(), impl_->grad.reset(); }
+bool Tensor::is_leaf() const { return checked_impl().grad_fn == nullptr; }
+const std::shared_ptr<autograd::Node>& Tensor::grad_fn() const { return checked_impl().grad_fn; }
+
+Tensor Tensor::detach() const {
+  const auto& t = checked_impl();
+  return make_view(*this, t.shape, t.strides, t.offset);
+}
+
+void Tensor::backward(const Tensor& seed, bool retain_graph) const {
+  autograd::backward(*this, seed, retain_graph);
+}
+
+// ---- in-place
+
+namespace {
+void check_inplace(const char* op, const Tensor& t) {
+  TG_CHECK(!(t.requires_grad() && t.is_leaf() && autograd::GradMode::enabled()), op,
+           ": in-place write to a leaf tensor of shape ", t.shape(),
+           " that requires grad; wrap it in tg::NoGradGuard");
+  TG_CHECK(!t.grad_fn(), op, ": in-place write to a tensor of shape ", t.shape(),
+           " produced by op '", autograd::node_name(*t.grad_fn()),
+           "' is not supported; its gradient would be wrong");
+}
+}  // namespace
+
+Tensor& Tensor::add_(const Tensor& other, double alpha) {
+  check_inplace("add_", *this);
+  autograd::NoGradGuard guard;
+  return copy_(add(*this, alpha == 1.0 ? other : mul(other, alpha)));
+}
+
+Tensor& Tensor::mul_(double factor) {
+  check_inplace("mul_", *this);
+  autograd::NoGradGuard guard;
+  return copy_(mul(*this, factor));
+}
+
+Tensor& Tensor::fill_(double value) {
+  check_inplace("fill_", *this);
+  fill_into(*this, value);
+  impl_->storage->bump_version();
+  return *this;
+}
+
+Tensor& Tensor::copy_(const Tensor& src) {
+  check_inplace("copy_", *this);
+  copy_into(*this, src);
+  impl_->storage->bump_version();
+  return *this;
+}
+
+// ---- factories
+
+Tensor empty(const Shape& shape, TensorOptions opts) {
+  for (int64_t d : shape) TG_CHECK(d >= 0, "empty: negative dimension in shape ", shape);
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(tg::numel(shape) * element_size(opts.dtype), opts.device);
+  impl->shape = shape;
+  impl->strides = contiguous_strides(shape);
+  impl->dtype = opts.dtype;
+  impl->requires_grad = opts.requires_grad;
+  return Tensor(std::move(impl));
+}
+
+Tensor empty_like(const Tensor& t) { return empty(t.shape(), {t.dtype(), t.device()}); }
+
+Tensor full(const Shape& shape, double value, TensorOptions opts) {
+  const bool rg = opts.requires_grad;
+  opts.requires_grad = false;
+  Tensor t = empty(shape, opts);
+  fill_into(t, value);
+  return t.requires_grad_(rg);
+}
+
+Tensor zeros(const Shape& shape, TensorOptions opts) { return full(shape, 0.0, opts); }
+Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), {t.dtype(), t.device()}); }
+Tensor ones(const Shape& shape, TensorOptions opts) { return full(shape, 1.0, opts); }
+Tensor scalar_tensor(double value, TensorOptions opts) { return full({}, value, opts); }
+
+Tensor from_vector(const std::vector<double>& values, const Shape& shape, TensorOptions opts) {
+  TG_CHECK(static_cast<int64_t>(values.size()) == tg::numel(shape), "from_vector: ", values.size(),
+           " values do not fill shape ", shape, " (", tg::numel(shape), " elements)");
+  Tensor t = empty(shape, {opts.dtype, Device::CPU});
+  TG_DISPATCH_FLOAT(opts.dtype, T, [&] {
+    T* p = t.data<T>();
+    for (size_t i = 0; i < values.size(); ++i) p[i] = static_cast<T>(values[i]);
+  });
+  return t.to(opts.device).requires_grad_(opts.requires_grad);
+}
+
+Tensor arange(int64_t n, TensorOptions opts) {
+  std::vector<double> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = static_cast<double>(i);
+  return from_vector(v, {n}, opts);
+}
+
+namespace {
+template <class Draw>
+Tensor random_tensor(const Shape& shape, TensorOptions opts, Draw draw) {
+  const int64_t n = tg::numel(shape);
+  const PhiloxState state = default_generator().next();
+  std::vector<double> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = draw(state, i);
+  return from_vector(v, shape, opts);
+}
+}  // namespace
+
+Tensor randn(const Shape& shape, TensorOptions opts) {
+  return random_tensor(shape, opts, [](PhiloxState s, int64_t i) { return philox_normal(s, i); });
+}
+Tensor rand(const Shape& shape, TensorOptions opts) {
+  return random_tensor(shape, opts, [](PhiloxState s, int64_t i) { return philox_uniform(s, i); });
+}
+
+Tensor make_view(const Tensor& t, Shape shape, Shape strides, int64_t offset) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = t.impl()->storage;
+  impl->shape = std::move(shape);
+  impl->strides = std::move(strides);
+  impl->offset = offset;
+  impl->dtype = t.dtype();
+  return Tensor(std::move(impl));
+}
+
+void check_defined(const char* op, const char* arg, const Tensor& t) {
+  TG_CHECK(t.defined(), op, ": argument '", arg, "' is an undefined tensor");
+}
+
+void check_same_dtype_device(const char* op, const Tensor& a, const Tensor& b) {
+  TG_CHECK(a.device() == b.device(), op, ": tensors are on different devices (", a.device(), " ",
+           a.shape(), " vs ", b.device(), " ", b.shape(), ")");
+  TG_CHECK(a.dtype() == b.dtype(), op, ": tensors have different dtypes (", a.dtype(), " ",
+           a.shape(), " vs ", b.dtype(), " ", b.shape(), ")");
+}
+
+// ---- printing
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t) {
+  if (!t.defined()) return os << "Tensor(undefined)";
+  const std::vector<double> v = t.to_vector();
+  os << "Tensor(shape=" << t.shape() << ", dtype=" << t.dtype() << ", device=" << t.device();
+  if (t.requires_grad()) os << ", requires_grad";
+  os << ")\n[";
+  const size_t shown = std::min<size_t>(v.size(), 64);
+  for (size_t i = 0; i < shown; ++i) os << (i ? ", " : "") << std::setprecision(6) << v[i];
+  if (shown < v.size()) os << ", ... (" << v.size() - shown << " more)";
+  return os << "]";
+}
+
+}  // namespace tg

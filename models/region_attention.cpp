@@ -1,0 +1,65 @@
+#include "models/region_attention.h"
+
+#include <cmath>
+#include <limits>
+
+#include "ops/edit_bias.h"
+#include "ops/elementwise.h"
+#include "ops/masked_fill.h"
+#include "ops/matmul.h"
+#include "ops/softmax.h"
+#include "ops/views.h"
+
+namespace tg {
+
+RegionAttentionParams RegionAttentionParams::init(const RegionAttentionConfig& cfg, TensorOptions opts) {
+  TG_CHECK(cfg.heads > 0 && cfg.hidden % cfg.heads == 0, "RegionAttentionParams::init: hidden ", cfg.hidden,
+           " is not divisible by heads ", cfg.heads);
+  opts.requires_grad = false;
+  const int64_t C = cfg.hidden, H = cfg.heads, M = cfg.max_positions;
+  auto small_normal = [&](const Shape& s) { return mul(randn(s, opts), 0.02).requires_grad_(); };
+  RegionAttentionParams p;
+  p.qkv_weight = small_normal({3 * C, C});
+  p.qkv_bias = zeros({3 * C}, opts).requires_grad_();
+  p.out_weight = small_normal({C, C});
+  p.out_bias = zeros({C}, opts).requires_grad_();
+  p.edit_region_bias = small_normal({H, M, M});
+  p.within_edit_bias = small_normal({H, 1, 1});
+  p.cross_edit_bias = small_normal({H, 1, 1});
+  p.heads = H;
+  return p;
+}
+
+std::vector<Tensor> RegionAttentionParams::parameters() const {
+  return {qkv_weight, qkv_bias, out_weight, out_bias, edit_region_bias, within_edit_bias, cross_edit_bias};
+}
+
+Tensor region_attention_decomposed(const Tensor& x, const Tensor& edit_mask, const Tensor& attn_mask,
+                                   const RegionAttentionParams& p, const DropoutOptions& drop) {
+  check_defined("region_attention", "x", x);
+  TG_CHECK(x.dim() == 3, "region_attention: x must be [B,S,C], got ", x.shape());
+  const int64_t B = x.shape()[0], S = x.shape()[1], C = x.shape()[2], H = p.heads;
+  TG_CHECK(H > 0 && C % H == 0, "region_attention: hidden ", C, " is not divisible by heads ", H);
+  TG_CHECK(edit_mask.defined() && edit_mask.shape() == Shape({B, S}), "region_attention: edit_mask must be [",
+           B, ",", S, "], got ", edit_mask.defined() ? to_string(edit_mask.shape()) : "undefined");
+  TG_CHECK(attn_mask.defined() && attn_mask.shape() == Shape({B, S}), "region_attention: attn_mask must be [",
+           B, ",", S, "], got ", attn_mask.defined() ? to_string(attn_mask.shape()) : "undefined");
+  const int64_t D = C / H;
+
+  const Tensor qkv = linear(x, p.qkv_weight, p.qkv_bias)       // [B,S,3C], column t*C + h*D + d
+                         .view({B, S, 3, H, D})
+                         .permute({2, 0, 3, 1, 4});             // [3,B,H,S,D]
+  const Tensor q = qkv.narrow(0, 0, 1).squeeze(0);
+  const Tensor k = qkv.narrow(0, 1, 1).squeeze(0);
+  const Tensor v = qkv.narrow(0, 2, 1).squeeze(0);
+
+  Tensor s = mul(matmul(q, k.transpose(-1, -2)), 1.0 / std::sqrt(static_cast<double>(D)));
+  s = add(s, edit_bias(p.edit_region_bias, p.within_edit_bias, p.cross_edit_bias, edit_mask));
+  const Tensor key_masked = add(neg(attn_mask), 1.0).view({B, 1, 1, S});  // 1 where a == 0
+  s = masked_fill(s, key_masked, -std::numeric_limits<double>::infinity());
+  const Tensor probs = dropout(softmax(s), drop);                            // Pd
+  const Tensor o = matmul(probs, v).permute({0, 2, 1, 3}).reshape({B, S, C});  // heads concatenated
+  return linear(o, p.out_weight, p.out_bias);
+}
+
+}  // namespace tg

@@ -1,0 +1,37 @@
+// Region-aware self-attention with edit bias (the attention of edit-diffusion
+// models such as Step1X-Edit), built as a graph of small ops so its backward
+// comes from the tape. The operator is specified in shared/spec/region-attention.md.
+#pragma once
+#include <vector>
+
+#include "core/tensor.h"
+#include "ops/dropout.h"
+
+namespace tg {
+
+struct RegionAttentionConfig {
+  int64_t hidden = 1024;         // C
+  int64_t heads = 16;            // H; head_dim D = C / H
+  int64_t max_positions = 1024;  // M
+};
+
+struct RegionAttentionParams {
+  Tensor qkv_weight;        // [3C, C]
+  Tensor qkv_bias;          // [3C]
+  Tensor out_weight;        // [C, C]
+  Tensor out_bias;          // [C]
+  Tensor edit_region_bias;  // [H, M, M]
+  Tensor within_edit_bias;  // [H, 1, 1]
+  Tensor cross_edit_bias;   // [H, 1, 1]
+  int64_t heads = 16;
+
+  // Weights and position/edit biases ~ N(0,1) * 0.02, linear biases zero; all require grad.
+  static RegionAttentionParams init(const RegionAttentionConfig& cfg, TensorOptions opts = {});
+  std::vector<Tensor> parameters() const;
+};
+
+// x [B,S,C]; edit_mask [B,S] (1 = inside the edit region); attn_mask [B,S] (0 = masked key).
+Tensor region_attention_decomposed(const Tensor& x, const Tensor& edit_mask, const Tensor& attn_mask,
+                                   const RegionAttentionParams& params, const DropoutOptions& dropout = {});
+
+}  // namespace tg

@@ -1,0 +1,17 @@
+#include "core/cuda_loops.cuh"
+#include "ops/copy.h"
+
+namespace tg::cuda {
+
+void copy_strided(const Tensor& dst, const Tensor& src) { copy_strided_with(Loop{"copy_"}, dst, src); }
+void fill(const Tensor& dst, double value) { fill_with(Loop{"fill_"}, dst, value); }
+
+void copy_between_devices(const Tensor& dst, const Tensor& src) {
+  const size_t bytes = dst.numel() * element_size(dst.dtype());
+  if (bytes == 0) return;
+  const cudaMemcpyKind kind = dst.is_cuda() ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+  TG_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), bytes, kind, stream()), "to");
+  TG_CUDA_CHECK(cudaStreamSynchronize(stream()), "to");
+}
+
+}  // namespace tg::cuda

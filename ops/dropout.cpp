@@ -1,0 +1,50 @@
+#include "ops/dropout.h"
+
+#include "autograd/engine.h"
+#include "core/cpu_loops.h"
+#include "core/dispatch.h"
+#include "core/random.h"
+#include "ops/copy.h"
+
+namespace tg {
+
+namespace {
+Tensor dropout_untracked(const Tensor& x, const Tensor& mask, PhiloxState rng, double p) {
+  Tensor out = empty(x.shape(), {x.dtype(), x.device()});
+  TG_DISPATCH_DEVICE(x, dropout, materialize(x), mask, rng, p, out);
+  return out;
+}
+}  // namespace
+
+Tensor dropout(const Tensor& x, const DropoutOptions& o) {
+  check_defined("dropout", "x", x);
+  TG_CHECK(o.p >= 0.0 && o.p < 1.0, "dropout: p must be in [0, 1), got ", o.p);
+  if (o.p == 0.0) return x;
+  Tensor mask;
+  if (o.mask.defined()) {
+    TG_CHECK(o.mask.shape() == x.shape(), "dropout: mask ", o.mask.shape(), " must have x's shape ", x.shape());
+    TG_CHECK(o.mask.device() == x.device(), "dropout: mask is on ", o.mask.device(), ", x on ", x.device());
+    mask = materialize(o.mask.to(x.dtype()));
+  }
+  const PhiloxState rng = o.rng ? *o.rng : default_generator().next();
+  const double p = o.p;
+  Tensor y = dropout_untracked(x, mask, rng, p);
+  return autograd::record("dropout", y, {x}, {mask}, [rng, p](const Tensor& g, const auto& s) {
+    return std::vector<Tensor>{dropout_untracked(g, s[0], rng, p)};
+  });
+}
+
+Tensor dropout_mask(const Shape& shape, double p, PhiloxState state, TensorOptions opts) {
+  TG_CHECK(p >= 0.0 && p < 1.0, "dropout_mask: p must be in [0, 1), got ", p);
+  Tensor out = empty(shape, opts);
+  TG_DISPATCH_DEVICE(out, dropout, Tensor(), Tensor(), state, p, out);
+  return out;
+}
+
+namespace cpu {
+void dropout(const Tensor& x, const Tensor& mask, PhiloxState rng, double p, const Tensor& out) {
+  dropout_with(Loop{"dropout"}, x, mask, rng, p, out);
+}
+}  // namespace cpu
+
+}  // namespace tg

@@ -1,0 +1,76 @@
+// The edit-bias gather of region-aware attention: the position-bias corner
+// E[:, :S, :S] plus the within/cross edit-region terms, for every batch:
+//
+//   bias[b,h,i,j] = E[h,i,j] + w_in[h] e_i e_j + w_x[h] (e_i (1-e_j) + (1-e_i) e_j)   (e = e[b, :])
+//
+//   E    <- dE[h,i,j] = sum_b g[b,h,i,j] for i,j < S, 0 elsewhere in [H,M,M]
+//   w_in <- sum_{b,i,j} g e_i e_j
+//   w_x  <- sum_{b,i,j} g (e_i (1-e_j) + (1-e_i) e_j)
+//
+// The backward reduces over the batch in one pass over g and writes all of dE
+// (zeros included) without any extra S x S tensor.
+#pragma once
+#include "core/hd.h"
+#include "core/tensor.h"
+
+namespace tg {
+
+// E [H,M,M], within [H,1,1], cross [H,1,1], edit_mask [B,S] with S <= M  ->  [B,H,S,S]
+Tensor edit_bias(const Tensor& E, const Tensor& within, const Tensor& cross, const Tensor& edit_mask);
+
+struct EditBiasDims {
+  int64_t B, H, S, M;
+};
+
+// Exactly one of e_i, e_j is 1 (for 0/1 masks).
+template <class T>
+TG_HD T cross_term(T ei, T ej) { return ei * (T(1) - ej) + (T(1) - ei) * ej; }
+
+template <class T>
+struct EditBiasForward {
+  const T *E, *within, *cross, *e;
+  T* out;
+  EditBiasDims d;
+  TG_HD void operator()(int64_t idx) const {
+    const int64_t j = idx % d.S, i = (idx / d.S) % d.S, h = (idx / (d.S * d.S)) % d.H, b = idx / (d.S * d.S * d.H);
+    const T ei = e[b * d.S + i], ej = e[b * d.S + j];
+    out[idx] = E[(h * d.M + i) * d.M + j] + within[h] * ei * ej + cross[h] * cross_term(ei, ej);
+  }
+};
+
+// The gradient contributions at one position (h, i, j) of [H, M, M], summed over the batch.
+template <class T>
+struct EditBiasGradAt {
+  T dE = 0, within = 0, cross = 0;
+};
+
+template <class T>
+TG_HD EditBiasGradAt<T> edit_bias_grad_at(const T* g, const T* e, EditBiasDims d, int64_t h, int64_t i, int64_t j) {
+  EditBiasGradAt<T> r;
+  if (i >= d.S || j >= d.S) return r;
+  for (int64_t b = 0; b < d.B; ++b) {
+    const T gv = g[((b * d.H + h) * d.S + i) * d.S + j];
+    const T ei = e[b * d.S + i], ej = e[b * d.S + j];
+    r.dE += gv;
+    r.within += gv * ei * ej;
+    r.cross += gv * cross_term(ei, ej);
+  }
+  return r;
+}
+
+// Kernels on contiguous tensors. Backward writes dE [H,M,M] and, per row
+// (h, i), partial sums of the within/cross gradients into [H, M] tensors.
+namespace cpu {
+void edit_bias_forward(const Tensor& E, const Tensor& within, const Tensor& cross, const Tensor& e,
+                       const Tensor& out, EditBiasDims d);
+void edit_bias_backward(const Tensor& g, const Tensor& e, const Tensor& dE, const Tensor& within_rows,
+                        const Tensor& cross_rows, EditBiasDims d);
+}  // namespace cpu
+namespace cuda {
+void edit_bias_forward(const Tensor& E, const Tensor& within, const Tensor& cross, const Tensor& e,
+                       const Tensor& out, EditBiasDims d);
+void edit_bias_backward(const Tensor& g, const Tensor& e, const Tensor& dE, const Tensor& within_rows,
+                        const Tensor& cross_rows, EditBiasDims d);
+}  // namespace cuda
+
+}  // namespace tg

@@ -1,0 +1,40 @@
+#include "ops/mse_loss.h"
+
+#include "autograd/engine.h"
+#include "autograd/grad_mode.h"
+#include "core/cpu_loops.h"
+#include "core/dispatch.h"
+#include "ops/elementwise.h"
+#include "ops/reduce.h"
+#include "ops/views.h"
+
+namespace tg {
+
+Tensor mse_loss(const Tensor& a, const Tensor& b) {
+  check_defined("mse_loss", "input", a);
+  check_defined("mse_loss", "target", b);
+  check_same_dtype_device("mse_loss", a, b);
+  TG_CHECK(a.shape() == b.shape(), "mse_loss: input ", a.shape(), " and target ", b.shape(), " differ in shape");
+  TG_CHECK(a.numel() > 0, "mse_loss: empty input of shape ", a.shape());
+  Tensor sq = empty(a.shape(), {a.dtype(), a.device()});
+  TG_DISPATCH_DEVICE(a, mse_forward, a, b, sq);
+  Tensor loss;
+  {
+    NoGradGuard no_grad;
+    loss = mul(sum(sq), 1.0 / static_cast<double>(a.numel()));
+  }
+  return autograd::record("mse_loss", loss, {a, b}, {a, b}, [](const Tensor& g, const auto& s) {
+    Tensor ga = empty(s[0].shape(), {g.dtype(), g.device()});
+    TG_DISPATCH_DEVICE(g, mse_backward, s[0], s[1], broadcast_view("mse_loss", g, s[0].shape()), ga);
+    return std::vector<Tensor>{ga, neg(ga)};
+  });
+}
+
+namespace cpu {
+void mse_forward(const Tensor& a, const Tensor& b, const Tensor& sq) { mse_forward_with(Loop{"mse_loss"}, a, b, sq); }
+void mse_backward(const Tensor& a, const Tensor& b, const Tensor& g, const Tensor& ga) {
+  mse_backward_with(Loop{"mse_loss_backward"}, a, b, g, ga);
+}
+}  // namespace cpu
+
+}  // namespace tg

@@ -1,0 +1,111 @@
+#include "ops/reduce.h"
+
+#include "autograd/engine.h"
+#include "core/cpu_loops.h"
+#include "core/dispatch.h"
+#include "ops/copy.h"
+#include "ops/elementwise.h"
+#include "ops/views.h"
+
+namespace tg {
+
+namespace {
+
+std::vector<bool> reduced_mask(const char* op, const Tensor& x, const std::vector<int64_t>& dims) {
+  std::vector<bool> mask(x.dim(), false);
+  for (int64_t d : dims) {
+    const int n = normalize_dim(op, d, x.dim());
+    TG_CHECK(!mask[n], op, ": dim ", d, " repeats in the dims of a tensor of shape ", x.shape());
+    mask[n] = true;
+  }
+  return mask;
+}
+
+// Kept dims first, reduced dims last, copied contiguous: a [rows, cols] problem.
+Tensor sum_over(const Tensor& x, const std::vector<bool>& reduced, const Shape& out_shape) {
+  Shape shape, strides;
+  int64_t rows = 1, cols = 1;
+  for (int pass = 0; pass < 2; ++pass)
+    for (int64_t d = 0; d < x.dim(); ++d)
+      if (reduced[d] == (pass == 1)) {
+        shape.push_back(x.shape()[d]);
+        strides.push_back(x.strides()[d]);
+        (pass ? cols : rows) *= x.shape()[d];
+      }
+  const Tensor rows_by_cols = materialize(make_view(x, shape, strides, x.offset()));
+  Tensor out = empty(out_shape, {x.dtype(), x.device()});
+  TG_DISPATCH_DEVICE(x, sum_rows, rows_by_cols, out, rows, cols);
+  return out;
+}
+
+Shape kept_shape(const Tensor& x, const std::vector<bool>& reduced, bool keepdim) {
+  Shape s;
+  for (int64_t d = 0; d < x.dim(); ++d) {
+    if (!reduced[d]) s.push_back(x.shape()[d]);
+    else if (keepdim) s.push_back(1);
+  }
+  return s;
+}
+
+}  // namespace
+
+Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  check_defined("sum", "x", x);
+  const std::vector<bool> reduced = reduced_mask("sum", x, dims);
+  Tensor out = sum_over(x, reduced, kept_shape(x, reduced, keepdim));
+  const Shape in_shape = x.shape(), keep_shape = kept_shape(x, reduced, true);
+  return autograd::record("sum", out, {x}, {}, [in_shape, keep_shape](const Tensor& g, const auto&) {
+    return std::vector<Tensor>{expand(reshape(g, keep_shape), in_shape)};
+  });
+}
+
+Tensor sum(const Tensor& x) {
+  check_defined("sum", "x", x);
+  std::vector<int64_t> all(x.dim());
+  for (int64_t d = 0; d < x.dim(); ++d) all[d] = d;
+  return sum(x, all);
+}
+
+Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  check_defined("mean", "x", x);
+  int64_t n = 1;
+  for (int64_t d : dims) n *= x.shape()[normalize_dim("mean", d, x.dim())];
+  TG_CHECK(n > 0, "mean: reducing dims of size 0 in shape ", x.shape());
+  return mul(sum(x, dims, keepdim), 1.0 / static_cast<double>(n));
+}
+
+Tensor mean(const Tensor& x) {
+  check_defined("mean", "x", x);
+  TG_CHECK(x.numel() > 0, "mean: empty tensor of shape ", x.shape());
+  return mul(sum(x), 1.0 / static_cast<double>(x.numel()));
+}
+
+Tensor sum_to(const Tensor& x, const Shape& shape) {
+  check_defined("sum_to", "x", x);
+  if (x.shape() == shape) return x;
+  broadcast_shapes("sum_to", shape, x.shape());
+  TG_CHECK(shape.size() <= x.shape().size(), "sum_to: cannot sum shape ", x.shape(), " to ", shape);
+  const size_t lead = x.shape().size() - shape.size();
+  std::vector<int64_t> dims;
+  for (size_t d = 0; d < x.shape().size(); ++d)
+    if (d < lead || (shape[d - lead] == 1 && x.shape()[d] != 1)) dims.push_back(static_cast<int64_t>(d));
+  return reshape(sum(x, dims, true), shape);
+}
+
+namespace cpu {
+
+void sum_rows(const Tensor& x, const Tensor& out, int64_t rows, int64_t cols) {
+  TG_DISPATCH_FLOAT(x.dtype(), T, [&] {
+    const T* in = x.data<T>();
+    T* o = out.data<T>();
+    parallel_for(rows, [&](int64_t r) {
+      double acc = 0;
+      for (int64_t j = 0; j < cols; ++j) acc += in[r * cols + j];
+      o[r] = static_cast<T>(acc);
+    });
+  });
+}
+
+}  // namespace cpu
+
+}  // namespace tg

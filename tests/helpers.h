@@ -1,0 +1,53 @@
+// Small helpers shared by the doctest suites.
+#pragma once
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <functional>
+#include <string>
+
+#include "tapegrad.h"
+
+namespace tgtest {
+
+inline tg::Tensor randn64(const tg::Shape& shape, bool requires_grad = true) {
+  return tg::randn(shape, {tg::DType::Float64}).requires_grad_(requires_grad);
+}
+
+// Uniform in [lo, hi): for inputs that must stay away from a kink or a pole.
+inline tg::Tensor uniform64(const tg::Shape& shape, double lo, double hi, bool requires_grad = true) {
+  tg::Tensor u = tg::rand(shape, {tg::DType::Float64});
+  return tg::add(tg::mul(u, hi - lo), lo).requires_grad_(requires_grad);
+}
+
+inline double max_abs_diff(const tg::Tensor& a, const tg::Tensor& b) {
+  REQUIRE(a.shape() == b.shape());
+  const auto va = a.to_vector(), vb = b.to_vector();
+  double m = 0;
+  for (size_t i = 0; i < va.size(); ++i) {
+    if (std::isnan(va[i]) != std::isnan(vb[i])) return INFINITY;
+    if (!std::isnan(va[i])) m = std::max(m, std::abs(va[i] - vb[i]));
+  }
+  return m;
+}
+
+inline void expect_gradcheck(const tg::GradcheckFn& fn, const std::vector<tg::Tensor>& inputs) {
+  const tg::GradcheckResult r = tg::gradcheck(fn, inputs);
+  INFO("worst element: " << r.report);
+  CHECK(r.elements_checked > 0);
+  CHECK(r.ok);
+}
+
+// The message of the tg::Error that f throws ("" when it throws none).
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const tg::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+inline bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+}  // namespace tgtest

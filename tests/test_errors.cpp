@@ -1,0 +1,84 @@
+// Bad input gives a tg::Error naming the op, the argument and the shapes.
+#include "helpers.h"
+
+using namespace tgtest;
+
+TEST_CASE("errors/matmul inner dimension") {
+  CHECK(error_of([] { tg::matmul(tg::zeros({2, 3}), tg::zeros({4, 5})); }) ==
+        "matmul: a [2,3] and b [4,5] do not agree on the inner dimension (3 vs 4)");
+  CHECK(contains(error_of([] { tg::matmul(tg::zeros({3}), tg::zeros({3, 2})); }), "must both have at least 2 dims"));
+  CHECK(contains(error_of([] { tg::matmul(tg::zeros({2, 2, 3}), tg::zeros({3, 3, 2})); }),
+                 "matmul: shapes [2] and [3] cannot be broadcast"));
+}
+
+TEST_CASE("errors/dtype mismatch names both tensors") {
+  const std::string msg = error_of([] { tg::add(tg::zeros({2}), tg::zeros({2}, {tg::DType::Float64})); });
+  CHECK(msg == "add: tensors have different dtypes (float32 [2] vs float64 [2])");
+}
+
+TEST_CASE("errors/broadcasting") {
+  CHECK(error_of([] { tg::mul(tg::zeros({2, 3}), tg::zeros({4})); }) ==
+        "mul: shapes [2,3] and [4] cannot be broadcast (dim 1: 3 vs 4)");
+}
+
+TEST_CASE("errors/linear") {
+  CHECK(error_of([] { tg::linear(tg::zeros({2, 3}), tg::zeros({4, 5})); }) ==
+        "linear: x [2,3] and weight [4,5] do not agree on in_features (3 vs 5)");
+  CHECK(error_of([] { tg::linear(tg::zeros({2, 3}), tg::zeros({4, 3}), tg::zeros({3})); }) ==
+        "linear: bias [3] must be [4] for weight [4,3]");
+}
+
+TEST_CASE("errors/views") {
+  CHECK(error_of([] { tg::zeros({2, 3}).view({4, 2}); }) ==
+        "view: shape [4,2] is invalid for an input of shape [2,3] (6 elements)");
+  CHECK(contains(error_of([] { tg::zeros({2, 3}).transpose(0, 1).view({6}); }), "is not contiguous; use reshape()"));
+  CHECK(error_of([] { tg::zeros({2, 3}).narrow(1, 2, 2); }) == "narrow: range [2, 4) is out of bounds for dim 1 of shape [2,3]");
+  CHECK(error_of([] { tg::zeros({2, 3}).permute({0, 0}); }) == "permute: dim 0 repeats in the permutation of a tensor of shape [2,3]");
+  CHECK(error_of([] { tg::zeros({2, 3}).transpose(0, 2); }) == "transpose: dim 2 is out of range for a tensor of rank 2");
+  CHECK(error_of([] { tg::zeros({2, 3}).expand({4, 3}); }) == "expand: cannot expand shape [2,3] to [4,3] (dim 0: 2 vs 4)");
+  CHECK(error_of([] { tg::zeros({2, 3}).squeeze(0); }) == "squeeze: dim 0 of shape [2,3] has size 2, not 1");
+}
+
+TEST_CASE("errors/edit_bias") {
+  const tg::Tensor E = tg::zeros({4, 8, 8}), w = tg::zeros({4, 1, 1});
+  CHECK(error_of([&] { tg::edit_bias(tg::zeros({4, 8, 7}), w, w, tg::zeros({2, 5})); }) ==
+        "edit_bias: edit_region_bias must be [H,M,M], got [4,8,7]");
+  CHECK(error_of([&] { tg::edit_bias(E, tg::zeros({4}), w, tg::zeros({2, 5})); }) ==
+        "edit_bias: within_edit_bias must be [4,1,1], got [4]");
+  CHECK(error_of([&] { tg::edit_bias(E, w, w, tg::zeros({2, 9})); }) ==
+        "edit_bias: sequence length 9 of edit_mask [2,9] exceeds the 8 positions of edit_region_bias [4,8,8]");
+}
+
+TEST_CASE("errors/other ops") {
+  CHECK(error_of([] { tg::dropout(tg::zeros({2}), {1.0}); }) == "dropout: p must be in [0, 1), got 1");
+  CHECK(error_of([] { tg::mse_loss(tg::zeros({2}), tg::zeros({3})); }) == "mse_loss: input [2] and target [3] differ in shape");
+  CHECK(error_of([] { tg::layer_norm(tg::zeros({2, 3}), tg::zeros({2})); }) == "layer_norm: weight must be [3] for x [2,3], got [2]");
+  CHECK(error_of([] { tg::sum(tg::zeros({2, 3}), {2}); }) == "sum: dim 2 is out of range for a tensor of rank 2");
+  CHECK(error_of([] { tg::masked_fill(tg::zeros({2, 3}), tg::zeros({2, 2}), 0); }) ==
+        "masked_fill: shapes [2,3] and [2,2] cannot be broadcast (dim 1: 3 vs 2)");
+  CHECK(error_of([] { tg::zeros({2}).item(); }) == "item: tensor of shape [2] has 2 elements, not 1");
+  CHECK(error_of([] { tg::Tensor().shape(); }) == "Tensor: use of an undefined tensor");
+  CHECK(error_of([] { tg::add(tg::Tensor(), tg::zeros({1})); }) == "add: argument 'a' is an undefined tensor");
+  CHECK(error_of([] { tg::from_vector({1, 2, 3}, {2, 2}); }) == "from_vector: 3 values do not fill shape [2,2] (4 elements)");
+  CHECK(contains(error_of([] { tg::set_float32_matmul_precision("medium"); }), "precision 'medium' is not one of"));
+  CHECK(contains(error_of([] { tg::gradcheck([](const std::vector<tg::Tensor>& t) { return t[0]; }, {tg::zeros({2})}); }),
+                 "gradcheck: input 0 [2] must be a float64 CPU tensor"));
+}
+
+TEST_CASE("errors/region_attention") {
+  auto p = tg::RegionAttentionParams::init({8, 2, 4});
+  CHECK(error_of([&] { tg::region_attention_decomposed(tg::zeros({1, 3, 8}), tg::zeros({1, 2}), tg::ones({1, 3}), p); }) ==
+        "region_attention: edit_mask must be [1,3], got [1,2]");
+  CHECK(error_of([&] { tg::region_attention_decomposed(tg::zeros({1, 5, 8}), tg::zeros({1, 5}), tg::ones({1, 5}), p); }) ==
+        "edit_bias: sequence length 5 of edit_mask [1,5] exceeds the 4 positions of edit_region_bias [2,4,4]");
+  CHECK(error_of([] { tg::RegionAttentionParams::init({10, 3, 4}); }) ==
+        "RegionAttentionParams::init: hidden 10 is not divisible by heads 3");
+}
+
+TEST_CASE("errors/devices without CUDA" * doctest::skip(tg::cuda::is_available())) {
+  if (tg::built_with_cuda()) {
+    CHECK(contains(error_of([] { tg::zeros({2}).cuda(); }), "no CUDA device is available"));
+  } else {
+    CHECK(contains(error_of([] { tg::zeros({2}).cuda(); }), "built without CUDA"));
+  }
+}

@@ -1,0 +1,133 @@
+// Tensors: factories, views without copies, contiguous, casts, printing, RNG.
+#include <sstream>
+
+#include "helpers.h"
+
+using namespace tgtest;
+
+TEST_CASE("tensor/factories") {
+  CHECK(tg::zeros({2, 3}).to_vector() == std::vector<double>(6, 0.0));
+  CHECK(tg::ones({4}).to_vector() == std::vector<double>(4, 1.0));
+  CHECK(tg::full({2}, 2.5, {tg::DType::Float64}).to_vector() == std::vector<double>{2.5, 2.5});
+  CHECK(tg::arange(4).to_vector() == std::vector<double>{0, 1, 2, 3});
+  const tg::Tensor t = tg::from_vector({1, 2, 3, 4, 5, 6}, {2, 3});
+  CHECK(t.shape() == tg::Shape{2, 3});
+  CHECK(t.strides() == tg::Shape{3, 1});
+  CHECK(t.at({1, 2}) == 6);
+  CHECK(t.dtype() == tg::DType::Float32);
+  CHECK(t.device() == tg::Device::CPU);
+  CHECK(tg::scalar_tensor(3.0).dim() == 0);
+  CHECK(tg::scalar_tensor(3.0).item() == 3.0);
+}
+
+TEST_CASE("tensor/views share storage and copy nothing") {
+  const tg::Tensor t = tg::arange(24).view({2, 3, 4});
+  const tg::Tensor p = t.permute({2, 0, 1});
+  CHECK(p.same_storage(t));
+  CHECK(p.shape() == tg::Shape{4, 2, 3});
+  CHECK(p.strides() == tg::Shape{1, 12, 4});
+  CHECK(p.at({3, 1, 2}) == t.at({1, 2, 3}));
+  CHECK_FALSE(p.is_contiguous());
+
+  const tg::Tensor tr = t.transpose(0, 2);
+  CHECK(tr.same_storage(t));
+  CHECK(tr.at({3, 2, 1}) == t.at({1, 2, 3}));
+
+  const tg::Tensor n = t.narrow(1, 1, 2);
+  CHECK(n.same_storage(t));
+  CHECK(n.shape() == tg::Shape{2, 2, 4});
+  CHECK(n.at({1, 0, 0}) == t.at({1, 1, 0}));
+
+  const tg::Tensor e = tg::from_vector({1, 2, 3}, {3, 1}).expand({3, 4});
+  CHECK(e.strides() == tg::Shape{1, 0});
+  CHECK(e.at({2, 3}) == 3);
+
+  const tg::Tensor r = t.reshape({6, 4});
+  CHECK(r.same_storage(t));  // contiguous: a view
+  const tg::Tensor rp = p.reshape({24});
+  CHECK_FALSE(rp.same_storage(t));  // not contiguous: reshape copies
+  CHECK(rp.at({1}) == p.at({0, 0, 1}));
+  CHECK(t.unsqueeze(1).shape() == tg::Shape{2, 1, 3, 4});
+  CHECK(t.unsqueeze(1).squeeze(1).shape() == tg::Shape{2, 3, 4});
+  CHECK(t.view({-1, 4}).shape() == tg::Shape{6, 4});
+}
+
+TEST_CASE("tensor/contiguous copies a permuted view in logical order") {
+  const tg::Tensor t = tg::arange(6).view({2, 3});
+  const tg::Tensor c = t.transpose(0, 1).contiguous();
+  CHECK(c.is_contiguous());
+  CHECK(c.to_vector() == std::vector<double>{0, 3, 1, 4, 2, 5});
+  CHECK(t.contiguous().same_storage(t));
+}
+
+TEST_CASE("tensor/dtype conversion and clone") {
+  const tg::Tensor t = tg::from_vector({1.25, -2.5}, {2});
+  const tg::Tensor d = t.to(tg::DType::Float64);
+  CHECK(d.dtype() == tg::DType::Float64);
+  CHECK(d.to_vector() == std::vector<double>{1.25, -2.5});
+  const tg::Tensor c = t.clone();
+  CHECK_FALSE(c.same_storage(t));
+  CHECK(c.to_vector() == t.to_vector());
+}
+
+TEST_CASE("tensor/in-place ops bump the version") {
+  tg::Tensor t = tg::zeros({3});
+  const uint64_t v0 = t.version();
+  t.fill_(2.0);
+  t.add_(tg::ones({3}), 0.5);
+  CHECK(t.version() == v0 + 2);
+  CHECK(t.to_vector() == std::vector<double>{2.5, 2.5, 2.5});
+  tg::Tensor view = t.narrow(0, 1, 1);
+  view.zero_();
+  CHECK(t.version() == v0 + 3);  // shared with every view of the storage
+  CHECK(t.to_vector() == std::vector<double>{2.5, 0, 2.5});
+}
+
+TEST_CASE("tensor/printing") {
+  std::ostringstream os;
+  os << tg::from_vector({1, 2}, {1, 2});
+  CHECK(os.str() == "Tensor(shape=[1,2], dtype=float32, device=cpu)\n[1, 2]");
+}
+
+TEST_CASE("rng/Philox4x32-10 known-answer vectors (Random123)") {
+  const tg::Philox4 zero = tg::philox4x32_10({{0, 0, 0, 0}}, 0, 0);
+  CHECK(zero.v[0] == 0x6627e8d5u);
+  CHECK(zero.v[1] == 0xe169c58du);
+  CHECK(zero.v[2] == 0xbc57ac4cu);
+  CHECK(zero.v[3] == 0x9b00dbd8u);
+  const tg::Philox4 ones = tg::philox4x32_10({{~0u, ~0u, ~0u, ~0u}}, ~0u, ~0u);
+  CHECK(ones.v[0] == 0x408f276du);
+  CHECK(ones.v[1] == 0x41c83b0eu);
+  CHECK(ones.v[2] == 0xa20bc7c6u);
+  CHECK(ones.v[3] == 0x6d5451fdu);
+  const tg::Philox4 pi = tg::philox4x32_10({{0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}}, 0xa4093822u, 0x299f31d0u);
+  CHECK(pi.v[0] == 0xd16cfe09u);
+  CHECK(pi.v[1] == 0x94fdccebu);
+  CHECK(pi.v[2] == 0x5001e420u);
+  CHECK(pi.v[3] == 0x24126ea1u);
+}
+
+TEST_CASE("rng/fixed-seed golden values") {
+  tg::manual_seed(1234);
+  const std::vector<double> u = tg::rand({4}).to_vector();
+  const std::vector<double> n = tg::randn({2}, {tg::DType::Float64}).to_vector();
+  tg::manual_seed(1234);
+  CHECK(tg::rand({4}).to_vector() == u);  // same seed, same draw
+  CHECK(tg::rand({4}).to_vector() != u);  // the offset advanced
+  const tg::PhiloxState s{1234, 0};
+  for (int i = 0; i < 4; ++i) CHECK(u[i] == static_cast<double>(tg::philox_uniform(s, i)));
+  const uint32_t lane0 = tg::philox_block(s, 0).v[0];
+  CHECK(u[0] == static_cast<double>(lane0 >> 8) / 16777216.0);
+  // Golden values of this build's generator (uniform: 24-bit lanes of Philox block 0).
+    CHECK(u == std::vector<double>{0.12720793485641479, 0.85346889495849609, 0.26564884185791016, 0.79605525732040405});
+  CHECK(n[0] == doctest::Approx(-0.28589632065832155).epsilon(1e-15));
+}
+
+TEST_CASE("rng/dropout masks are reproducible and have the right rate") {
+  const tg::PhiloxState s{7, 3};
+  const tg::Tensor m1 = tg::dropout_mask({1000, 100}, 0.1, s);
+  const tg::Tensor m2 = tg::dropout_mask({1000, 100}, 0.1, s);
+  CHECK(m1.to_vector() == m2.to_vector());
+  const double kept = tg::mean(m1).item();
+  CHECK(kept == doctest::Approx(0.9).epsilon(0.01));
+}
