@@ -20,6 +20,13 @@ MemoryStats memory_stats();
 void empty_cache();  // returns cached blocks to the driver
 void reset_peak_memory_stats();
 
+// Poisoning: fill every block the allocator hands out with 0xFF bytes (NaN in
+// float32 and float64), so an output element a kernel forgot to write shows up.
+void set_poison_allocations(bool on);
+// TG_CUDA_NO_CACHING=1 turns the cache off (exact cudaMalloc/cudaFree per
+// tensor), so compute-sanitizer sees every allocation's true bounds.
+bool caching_enabled();
+
 // Synchronous debug mode: synchronise after every op so that an asynchronous
 // fault is blamed on the op that caused it. Also on when TG_CUDA_SYNC=1.
 void set_sync_debug(bool on);

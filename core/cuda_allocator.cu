@@ -1,4 +1,7 @@
+#include <cstdio>
+#include <cstdlib>
 #include <map>
+#include <string>
 #include <mutex>
 #include <unordered_map>
 
@@ -15,6 +18,15 @@ constexpr std::size_t kSmallRound = 512;             // small blocks: multiples 
 constexpr std::size_t kLargeRound = 2 << 20;         // large blocks: multiples of 2 MiB
 constexpr std::size_t kLargeThreshold = 1 << 20;
 
+bool env_is_one(const char* name) {
+  const char* v = std::getenv(name);
+  return v && std::string(v) == "1";
+}
+
+void report_failure(cudaError_t status, const char* call) {
+  if (status != cudaSuccess) std::fprintf(stderr, "tapegrad: cuda allocator: %s failed: %s\n", call, cudaGetErrorString(status));
+}
+
 std::size_t round_size(std::size_t n) {
   const std::size_t r = n < kLargeThreshold ? kSmallRound : kLargeRound;
   return (std::max<std::size_t>(n, 1) + r - 1) / r * r;
@@ -23,13 +35,14 @@ std::size_t round_size(std::size_t n) {
 class CachingAllocator {
  public:
   void* allocate(std::size_t nbytes) {
-    const std::size_t size = round_size(nbytes);
+    const std::size_t size = caching_ ? round_size(nbytes) : std::max<std::size_t>(nbytes, 1);
     std::lock_guard<std::mutex> lock(mutex_);
-    void* p = take_cached(size);
+    void* p = caching_ ? take_cached(size) : nullptr;
     if (!p) p = device_malloc(size);
     live_[p] = size;
     stats_.allocated += size;
     stats_.peak_allocated = std::max(stats_.peak_allocated, stats_.allocated);
+    if (poison_) TG_CUDA_CHECK(cudaMemsetAsync(p, 0xFF, size, stream()), "cuda allocator (poison)");
     return p;
   }
 
@@ -38,9 +51,19 @@ class CachingAllocator {
     const auto it = live_.find(p);
     if (it == live_.end()) return;
     stats_.allocated -= it->second;
-    free_.emplace(it->second, p);
+    if (caching_) {
+      free_.emplace(it->second, p);
+    } else {
+      // Runs from destructors, so failures are reported, not thrown.
+      report_failure(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");  // the last user may still run
+      report_failure(cudaFree(p), "cudaFree");
+      stats_.reserved -= it->second;
+    }
     live_.erase(it);
   }
+
+  void set_poison(bool on) { poison_ = on; }
+  bool caching() const { return caching_; }
 
   void empty_cache() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -92,6 +115,8 @@ class CachingAllocator {
     return p;
   }
 
+  const bool caching_ = !env_is_one("TG_CUDA_NO_CACHING");
+  bool poison_ = false;
   std::mutex mutex_;
   std::multimap<std::size_t, void*> free_;
   std::unordered_map<void*, std::size_t> live_;
@@ -111,5 +136,7 @@ void deallocate(void* p) { allocator().deallocate(p); }
 MemoryStats memory_stats() { return allocator().stats(); }
 void empty_cache() { allocator().empty_cache(); }
 void reset_peak_memory_stats() { allocator().reset_peak(); }
+void set_poison_allocations(bool on) { allocator().set_poison(on); }
+bool caching_enabled() { return allocator().caching(); }
 
 }  // namespace tg::cuda

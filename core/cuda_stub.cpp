@@ -11,6 +11,8 @@ MemoryStats memory_stats() { return no_cuda_backend<MemoryStats>(); }
 void empty_cache() { no_cuda_backend(); }
 void reset_peak_memory_stats() { no_cuda_backend(); }
 void set_sync_debug(bool) { no_cuda_backend(); }
+void set_poison_allocations(bool) { no_cuda_backend(); }
+bool caching_enabled() { return false; }
 bool sync_debug() { return false; }
 
 }  // namespace tg::cuda

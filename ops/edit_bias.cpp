@@ -49,10 +49,7 @@ namespace cpu {
 
 void edit_bias_forward(const Tensor& E, const Tensor& within, const Tensor& cross, const Tensor& e,
                        const Tensor& out, EditBiasDims d) {
-  TG_DISPATCH_FLOAT(E.dtype(), T, [&] {
-    parallel_for(out.numel(), EditBiasForward<T>{E.data<T>(), within.data<T>(), cross.data<T>(), e.data<T>(),
-                                                 out.data<T>(), d});
-  });
+  edit_bias_forward_with(Loop{"edit_bias"}, E, within, cross, e, out, d);
 }
 
 void edit_bias_backward(const Tensor& g, const Tensor& e, const Tensor& dE, const Tensor& within_rows,

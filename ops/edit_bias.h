@@ -38,6 +38,14 @@ struct EditBiasForward {
   }
 };
 
+template <class Loop>
+void edit_bias_forward_with(const Loop& loop, const Tensor& E, const Tensor& within, const Tensor& cross,
+                            const Tensor& e, const Tensor& out, EditBiasDims d) {
+  TG_DISPATCH_FLOAT(E.dtype(), T, [&] {
+    loop(out.numel(), EditBiasForward<T>{E.data<T>(), within.data<T>(), cross.data<T>(), e.data<T>(), out.data<T>(), d});
+  });
+}
+
 // The gradient contributions at one position (h, i, j) of [H, M, M], summed over the batch.
 template <class T>
 struct EditBiasGradAt {

@@ -15,22 +15,26 @@ namespace {
 
 using Grads = std::vector<Tensor>;
 
-// The matrix part of x [..., rows, cols]; copies x only when neither inner stride is 1.
-Tensor blas_compatible(const Tensor& x) {
-  const int64_t rs = x.strides()[x.dim() - 2], cs = x.strides()[x.dim() - 1];
-  const int64_t rows = x.shape()[x.dim() - 2], cols = x.shape()[x.dim() - 1];
-  const bool row_major = cs == 1 || cols == 1, col_major = rs == 1 || rows == 1;
-  return row_major || col_major ? x : materialize(x);
-}
-
+// Strides of x's last two dims as BLAS sees them: a unit stride on one side and a
+// leading dimension that covers the other. Size-1 dims get the strides BLAS expects.
 GemmMatrix matrix_of(const Tensor& x) {
   const int64_t rows = x.shape()[x.dim() - 2], cols = x.shape()[x.dim() - 1];
   int64_t rs = x.strides()[x.dim() - 2], cs = x.strides()[x.dim() - 1];
-  // Size-1 dims have meaningless strides; give them the ones BLAS expects.
-  if (cols == 1) cs = 1;
-  if (rows == 1) rs = cs == 1 ? std::max<int64_t>(cols, 1) : 1;
-  if (cs != 1 && rs != 1) cs = 1;  // unreachable after blas_compatible
+  if (cols == 1) cs = 1;                                     // a column: row-major, ld = rs
+  if (rows == 1) rs = cs == 1 ? std::max<int64_t>(cols, 1) : 1;  // a row: either layout
   return {x.raw_data(), rs, cs};
+}
+
+bool blas_layout_ok(const GemmMatrix& m, int64_t rows, int64_t cols) {
+  const bool row_major = m.col_stride == 1 && m.row_stride >= std::max<int64_t>(cols, 1);
+  const bool col_major = m.row_stride == 1 && m.col_stride >= std::max<int64_t>(rows, 1);
+  return row_major || col_major;
+}
+
+// x itself when BLAS can read its matrices in place (a transposed view, say); else a contiguous copy.
+Tensor blas_compatible(const Tensor& x) {
+  const int64_t rows = x.shape()[x.dim() - 2], cols = x.shape()[x.dim() - 1];
+  return blas_layout_ok(matrix_of(x), rows, cols) ? x : materialize(x);
 }
 
 // Batch dims of the three operands, merging neighbours whose strides allow it.

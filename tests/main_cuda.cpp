@@ -1,5 +1,6 @@
 // The GPU suite's main: runs the cuda/ tests; where no GPU is present they are
 // marked skipped and the process exits 77, which CTest reports as "Skipped".
+// With a GPU, every device allocation is poisoned with NaN first.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
@@ -8,6 +9,7 @@
 #include "core/cuda.h"
 
 int main(int argc, char** argv) {
+  if (tg::cuda::is_available()) tg::cuda::set_poison_allocations(true);  // unwritten outputs read as NaN
   doctest::Context context(argc, argv);
   const int failures = context.run();
   if (context.shouldExit()) return failures;

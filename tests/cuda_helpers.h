@@ -1,0 +1,57 @@
+// Helpers of the GPU suite: run the same graph on the CPU and on CUDA and
+// compare the output and every input gradient.
+#pragma once
+#include "helpers.h"
+
+namespace tgtest {
+
+inline const bool kNoGpu = !tg::cuda::is_available();
+
+struct Tolerance {
+  double atol, rtol;
+};
+
+// max over elements of |gpu - cpu| / (atol + rtol |cpu|): <= 1 passes. NaN fails.
+inline double parity_error(const tg::Tensor& gpu, const tg::Tensor& cpu, Tolerance tol) {
+  REQUIRE(gpu.shape() == cpu.shape());
+  const auto g = gpu.to_vector(), c = cpu.to_vector();
+  double worst = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    if (std::isnan(g[i]) || std::isnan(c[i])) return INFINITY;
+    if (std::isinf(c[i]) && g[i] == c[i]) continue;
+    worst = std::max(worst, std::abs(g[i] - c[i]) / (tol.atol + tol.rtol * std::abs(c[i])));
+  }
+  return worst;
+}
+
+// Runs fn on float32 CPU leaves and on CUDA copies of them, backward with the
+// same random seed gradient, and compares the outputs and all gradients.
+inline void expect_parity(const std::function<tg::Tensor(const std::vector<tg::Tensor>&)>& fn,
+                          const std::vector<tg::Tensor>& inputs, Tolerance tol) {
+  std::vector<tg::Tensor> cpu, gpu;
+  for (const tg::Tensor& t : inputs) {
+    cpu.push_back(t.detach().clone().requires_grad_(t.requires_grad()));
+    gpu.push_back(t.detach().cuda().requires_grad_(t.requires_grad()));
+  }
+  const tg::Tensor out_cpu = fn(cpu), out_gpu = fn(gpu);
+  REQUIRE(out_gpu.is_cuda());
+  CHECK(parity_error(out_gpu, out_cpu, tol) <= 1.0);
+  if (!out_cpu.requires_grad()) return;
+  const tg::Tensor seed = tg::randn(out_cpu.shape());
+  out_cpu.backward(seed);
+  out_gpu.backward(seed.cuda());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i].requires_grad()) continue;
+    CAPTURE(i);
+    REQUIRE(gpu[i].grad().defined());
+    CHECK(gpu[i].grad().is_cuda());
+    CHECK(parity_error(gpu[i].grad(), cpu[i].grad(), tol) <= 1.0);
+  }
+}
+
+inline tg::Tensor randn32(const tg::Shape& s, bool grad = true) { return tg::randn(s).requires_grad_(grad); }
+inline tg::Tensor uniform32(const tg::Shape& s, double lo, double hi, bool grad = true) {
+  return tg::add(tg::mul(tg::rand(s), hi - lo), lo).requires_grad_(grad);
+}
+
+}  // namespace tgtest
