@@ -1,6 +1,6 @@
 #include <cstdio>
 #include <cstdlib>
-#include <map>
+#include <vector>
 #include <string>
 #include <mutex>
 #include <unordered_map>
@@ -52,7 +52,7 @@ class CachingAllocator {
     if (it == live_.end()) return;
     stats_.allocated -= it->second;
     if (caching_) {
-      free_.emplace(it->second, p);
+      free_[it->second].push_back(p);
     } else {
       // Runs from destructors, so failures are reported, not thrown.
       report_failure(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");  // the last user may still run
@@ -68,11 +68,7 @@ class CachingAllocator {
   void empty_cache() {
     std::lock_guard<std::mutex> lock(mutex_);
     TG_CUDA_CHECK(cudaStreamSynchronize(stream()), "empty_cache");
-    for (const auto& [size, p] : free_) {
-      TG_CUDA_CHECK(cudaFree(p), "empty_cache");
-      stats_.reserved -= size;
-    }
-    free_.clear();
+    release_cached();
   }
 
   MemoryStats stats() {
@@ -85,13 +81,21 @@ class CachingAllocator {
   }
 
  private:
-  // Best fit, but never hand a block more than twice the request.
   void* take_cached(std::size_t size) {
-    const auto it = free_.lower_bound(size);
-    if (it == free_.end() || it->first > 2 * size) return nullptr;
-    void* p = it->second;
-    free_.erase(it);
+    const auto it = free_.find(size);
+    if (it == free_.end() || it->second.empty()) return nullptr;
+    void* p = it->second.back();
+    it->second.pop_back();
     return p;
+  }
+
+  void release_cached() {
+    for (auto& [size, blocks] : free_)
+      for (void* p : blocks) {
+        TG_CUDA_CHECK(cudaFree(p), "cuda allocator (release cache)");
+        stats_.reserved -= size;
+      }
+    free_.clear();
   }
 
   void* device_malloc(std::size_t size) {
@@ -100,11 +104,8 @@ class CachingAllocator {
     cudaError_t status = cudaMalloc(&p, size);
     if (status == cudaErrorMemoryAllocation) {  // release the cache and try once more
       cudaGetLastError();
-      for (const auto& [s, q] : free_) {
-        cudaFree(q);
-        stats_.reserved -= s;
-      }
-      free_.clear();
+      TG_CUDA_CHECK(cudaStreamSynchronize(stream()), "cuda allocator");
+      release_cached();
       status = cudaMalloc(&p, size);
     }
     TG_CHECK(status == cudaSuccess, "cuda allocator: cudaMalloc of ", size, " bytes failed: ",
@@ -118,7 +119,7 @@ class CachingAllocator {
   const bool caching_ = !env_is_one("TG_CUDA_NO_CACHING");
   bool poison_ = false;
   std::mutex mutex_;
-  std::multimap<std::size_t, void*> free_;
+  std::unordered_map<std::size_t, std::vector<void*>> free_;  // bucket size -> free blocks
   std::unordered_map<void*, std::size_t> live_;
   MemoryStats stats_;
 };

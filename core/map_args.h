@@ -23,13 +23,17 @@ MapArgs<T, N> make_map_args(const char* op, const Tensor& out, const std::array<
   MapArgs<T, N> a;
   a.out = out.data<T>();
   a.n = out.numel();
+  Shape shape = out.shape();
+  std::vector<Shape> strides;
   for (int k = 0; k < N; ++k) {
     TG_CHECK(ins[k].shape() == out.shape(), op, ": operand ", k, " of shape ", ins[k].shape(),
              " was not broadcast to the output shape ", out.shape());
     a.in[k] = ins[k].template data<T>();
-    a.in_idx[k] = make_indexer(op, ins[k].shape(), ins[k].strides());
     a.contiguous = a.contiguous && ins[k].is_contiguous();
+    strides.push_back(ins[k].strides());
   }
+  collapse_dims(shape, strides);
+  for (int k = 0; k < N; ++k) a.in_idx[k] = make_indexer(op, shape, strides[k]);
   return a;
 }
 

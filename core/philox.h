@@ -46,10 +46,12 @@ TG_HD Philox4 philox_block(PhiloxState s, uint64_t group) {
   return philox4x32_10(ctr, static_cast<uint32_t>(s.seed), static_cast<uint32_t>(s.seed >> 32));
 }
 
-// Uniform in [0, 1) with 24 random bits: exact in float, so host and device agree bit for bit.
+// Uniform in [0, 1) from the top 24 of 32 random bits: exact in float, so host and device agree bit for bit.
+TG_HD float bits_to_uniform(uint32_t bits) { return static_cast<float>(bits >> 8) * (1.0f / 16777216.0f); }
+
+// Element i's uniform: lane i % 4 of block i / 4.
 TG_HD float philox_uniform(PhiloxState s, int64_t i) {
-  const uint32_t bits = philox_block(s, static_cast<uint64_t>(i) / 4).v[i % 4];
-  return static_cast<float>(bits >> 8) * (1.0f / 16777216.0f);
+  return bits_to_uniform(philox_block(s, static_cast<uint64_t>(i) / 4).v[i % 4]);
 }
 
 // Standard normal by Box-Muller from two 32-bit lanes of one block.
@@ -61,7 +63,6 @@ TG_HD double philox_normal(PhiloxState s, int64_t i) {
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
 }
 
-// The dropout keep decision for element i; p is the drop probability.
-TG_HD bool dropout_keep(PhiloxState s, int64_t i, float p) { return philox_uniform(s, i) >= p; }
+// The dropout keep decision for element i: philox_uniform(s, i) >= p, with p the drop probability.
 
 }  // namespace tg

@@ -38,12 +38,12 @@ struct FillStrided {
 // Device-generic launchers: `loop` is cpu::Loop or cuda::Loop.
 template <class Loop>
 void copy_strided_with(const Loop& loop, const Tensor& dst, const Tensor& src) {
+  Shape shape = dst.shape();
+  std::vector<Shape> strides = {dst.strides(), src.strides()};
+  collapse_dims(shape, strides);
+  const StridedIndexer di = make_indexer(loop.op, shape, strides[0]), si = make_indexer(loop.op, shape, strides[1]);
   TG_DISPATCH_FLOAT(dst.dtype(), D, [&] {
-    TG_DISPATCH_FLOAT(src.dtype(), S, [&] {
-      loop(dst.numel(), CopyStrided<D, S>{dst.data<D>(), src.data<S>(),
-                                          make_indexer(loop.op, dst.shape(), dst.strides()),
-                                          make_indexer(loop.op, src.shape(), src.strides())});
-    });
+    TG_DISPATCH_FLOAT(src.dtype(), S, [&] { loop(dst.numel(), CopyStrided<D, S>{dst.data<D>(), src.data<S>(), di, si}); });
   });
 }
 

@@ -11,6 +11,7 @@
 // (zeros included) without any extra S x S tensor.
 #pragma once
 #include "core/hd.h"
+#include "core/indexing.h"
 #include "core/tensor.h"
 
 namespace tg {
@@ -20,6 +21,7 @@ Tensor edit_bias(const Tensor& E, const Tensor& within, const Tensor& cross, con
 
 struct EditBiasDims {
   int64_t B, H, S, M;
+  bool narrow() const { return B * H * S * S < (int64_t(1) << 31) && H * M * M < (int64_t(1) << 31); }
 };
 
 // Exactly one of e_i, e_j is 1 (for 0/1 masks).
@@ -31,8 +33,11 @@ struct EditBiasForward {
   const T *E, *within, *cross, *e;
   T* out;
   EditBiasDims d;
+  bool narrow;
   TG_HD void operator()(int64_t idx) const {
-    const int64_t j = idx % d.S, i = (idx / d.S) % d.S, h = (idx / (d.S * d.S)) % d.H, b = idx / (d.S * d.S * d.H);
+    int64_t rest = idx;
+    const int64_t j = pop_index(rest, d.S, narrow), i = pop_index(rest, d.S, narrow), h = pop_index(rest, d.H, narrow);
+    const int64_t b = rest;
     const T ei = e[b * d.S + i], ej = e[b * d.S + j];
     out[idx] = E[(h * d.M + i) * d.M + j] + within[h] * ei * ej + cross[h] * cross_term(ei, ej);
   }
@@ -42,7 +47,8 @@ template <class Loop>
 void edit_bias_forward_with(const Loop& loop, const Tensor& E, const Tensor& within, const Tensor& cross,
                             const Tensor& e, const Tensor& out, EditBiasDims d) {
   TG_DISPATCH_FLOAT(E.dtype(), T, [&] {
-    loop(out.numel(), EditBiasForward<T>{E.data<T>(), within.data<T>(), cross.data<T>(), e.data<T>(), out.data<T>(), d});
+    loop(out.numel(),
+         EditBiasForward<T>{E.data<T>(), within.data<T>(), cross.data<T>(), e.data<T>(), out.data<T>(), d, d.narrow()});
   });
 }
 

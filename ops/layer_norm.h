@@ -6,6 +6,7 @@
 #pragma once
 #include "core/hd.h"
 #include "core/tensor.h"
+#include "ops/reduce.h"
 
 namespace tg {
 
@@ -16,31 +17,22 @@ struct LayerNormDims {
   int64_t rows, cols;
 };
 
-// Column c of dw and db: one thread (or CPU iteration) walks every row.
+// dw[c] = sum_r g[r,c] xh[r,c] and db[c] = sum_r g[r,c], as two-stage column sums.
 template <class T>
-struct LayerNormParamGrad {
+struct GradTimesXhat {
   const T *x, *g, *mean, *rstd;
-  T *dw, *db;  // either may be nullptr
-  LayerNormDims d;
-  TG_HD void operator()(int64_t c) const {
-    T acc_w = 0, acc_b = 0;
-    for (int64_t r = 0; r < d.rows; ++r) {
-      const T gv = g[r * d.cols + c];
-      acc_w += gv * (x[r * d.cols + c] - mean[r]) * rstd[r];
-      acc_b += gv;
-    }
-    if (dw) dw[c] = acc_w;
-    if (db) db[c] = acc_b;
-  }
+  int64_t cols;
+  TG_HD T operator()(int64_t r, int64_t c) const { return g[r * cols + c] * (x[r * cols + c] - mean[r]) * rstd[r]; }
 };
 
 template <class Loop>
 void layer_norm_param_grad_with(const Loop& loop, const Tensor& x, const Tensor& g, const Tensor& mean,
                                 const Tensor& rstd, const Tensor& dw, const Tensor& db, LayerNormDims d) {
   TG_DISPATCH_FLOAT(x.dtype(), T, [&] {
-    loop(d.cols, LayerNormParamGrad<T>{x.data<T>(), g.data<T>(), mean.data<T>(), rstd.data<T>(),
-                                       dw.defined() ? dw.data<T>() : nullptr, db.defined() ? db.data<T>() : nullptr,
-                                       d});
+    if (dw.defined())
+      column_sums_with(loop, GradTimesXhat<T>{x.data<T>(), g.data<T>(), mean.data<T>(), rstd.data<T>(), d.cols}, d.rows,
+                       d.cols, dw.data<T>(), x.device());
+    if (db.defined()) column_sums_with(loop, ReadValue<T>{g.data<T>(), d.cols}, d.rows, d.cols, db.data<T>(), x.device());
   });
 }
 

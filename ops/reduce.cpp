@@ -21,20 +21,37 @@ std::vector<bool> reduced_mask(const char* op, const Tensor& x, const std::vecto
   return mask;
 }
 
-// Kept dims first, reduced dims last, copied contiguous: a [rows, cols] problem.
-Tensor sum_over(const Tensor& x, const std::vector<bool>& reduced, const Shape& out_shape) {
+// x viewed with the dims of one kind (reduced or kept) first, the other last.
+Tensor grouped_view(const Tensor& x, const std::vector<bool>& reduced, bool reduced_first, int64_t& lead, int64_t& trail) {
   Shape shape, strides;
-  int64_t rows = 1, cols = 1;
+  lead = trail = 1;
   for (int pass = 0; pass < 2; ++pass)
     for (int64_t d = 0; d < x.dim(); ++d)
-      if (reduced[d] == (pass == 1)) {
+      if (reduced[d] == ((pass == 0) == reduced_first)) {
         shape.push_back(x.shape()[d]);
         strides.push_back(x.strides()[d]);
-        (pass ? cols : rows) *= x.shape()[d];
+        (pass == 0 ? lead : trail) *= x.shape()[d];
       }
-  const Tensor rows_by_cols = materialize(make_view(x, shape, strides, x.offset()));
+  return make_view(x, shape, strides, x.offset());
+}
+
+// A [kept, reduced] row problem when x is laid out kept-dims-first; a
+// [reduced, kept] column problem when it is laid out reduced-first with enough
+// columns to spread over (a bias gradient over tokens); otherwise a copy to the
+// row layout.
+Tensor sum_over(const Tensor& x, const std::vector<bool>& reduced, const Shape& out_shape) {
   Tensor out = empty(out_shape, {x.dtype(), x.device()});
-  TG_DISPATCH_DEVICE(x, sum_rows, rows_by_cols, out, rows, cols);
+  int64_t rows, cols;
+  const Tensor kept_first = grouped_view(x, reduced, false, rows, cols);
+  if (!kept_first.is_contiguous()) {
+    int64_t reduced_rows, kept_cols;
+    const Tensor reduced_first = grouped_view(x, reduced, true, reduced_rows, kept_cols);
+    if (reduced_first.is_contiguous() && kept_cols >= 32) {
+      TG_DISPATCH_DEVICE(x, sum_columns, reduced_first, out, reduced_rows, kept_cols);
+      return out;
+    }
+  }
+  TG_DISPATCH_DEVICE(x, sum_rows, materialize(kept_first), out, rows, cols);
   return out;
 }
 
@@ -103,6 +120,12 @@ void sum_rows(const Tensor& x, const Tensor& out, int64_t rows, int64_t cols) {
       for (int64_t j = 0; j < cols; ++j) acc += in[r * cols + j];
       o[r] = static_cast<T>(acc);
     });
+  });
+}
+
+void sum_columns(const Tensor& x, const Tensor& out, int64_t rows, int64_t cols) {
+  TG_DISPATCH_FLOAT(x.dtype(), T, [&] {
+    column_sums_with(Loop{"sum"}, ReadValue<T>{x.data<T>(), cols}, rows, cols, out.data<T>(), x.device());
   });
 }
 

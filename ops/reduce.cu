@@ -6,27 +6,66 @@ namespace tg::cuda {
 
 namespace {
 
-// One block per row (grid-stride over rows), a block-wide shuffle reduction.
+constexpr int kRowsPerWarpBlock = 8;
+
+// Segment s of a row split into `chunks` pieces: block s sums its piece with a
+// block-wide shuffle reduction. chunks = 1 is one block per row.
 template <class T>
-__global__ void sum_rows_kernel(const T* x, T* out, int64_t rows, int64_t cols) {
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+__global__ void sum_segments_kernel(const T* x, T* out, int64_t rows, int64_t cols, int64_t chunks) {
+  const int64_t piece = (cols + chunks - 1) / chunks;
+  for (int64_t s = blockIdx.x; s < rows * chunks; s += gridDim.x) {
+    const int64_t r = s / chunks, first = (s % chunks) * piece, last = min(cols, first + piece);
     T acc = 0;
-    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) acc += x[r * cols + j];
+    for (int64_t j = first + threadIdx.x; j < last; j += blockDim.x) acc += x[r * cols + j];
     acc = block_sum(acc);
-    if (threadIdx.x == 0) out[r] = acc;
+    if (threadIdx.x == 0) out[s] = acc;
   }
+}
+
+// Many short rows: one warp per row.
+template <class T>
+__global__ void sum_rows_warp_kernel(const T* x, T* out, int64_t rows, int64_t cols) {
+  const int64_t r = blockIdx.x * int64_t(kRowsPerWarpBlock) + threadIdx.x / 32;
+  if (r >= rows) return;
+  T acc = 0;
+  for (int64_t j = threadIdx.x % 32; j < cols; j += 32) acc += x[r * cols + j];
+  acc = warp_sum(acc);
+  if (threadIdx.x % 32 == 0) out[r] = acc;
+}
+
+template <class T>
+void sum_rows_typed(const T* x, T* out, int64_t rows, int64_t cols) {
+  const int64_t sms = context().sm_count;
+  if (cols <= 1024) {
+    sum_rows_warp_kernel<<<static_cast<unsigned>((rows + kRowsPerWarpBlock - 1) / kRowsPerWarpBlock), 32 * kRowsPerWarpBlock, 0,
+                           stream()>>>(x, out, rows, cols);
+    return;
+  }
+  // Few long rows: split each into chunks (>= 4096 elements) so ~4 blocks run per SM, then sum the chunks.
+  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>((4 * sms + rows - 1) / rows, cols / 4096));
+  const int blocks = static_cast<int>(std::min<int64_t>(rows * chunks, 65535));
+  if (chunks == 1) {
+    sum_segments_kernel<<<blocks, 256, 0, stream()>>>(x, out, rows, cols, 1);
+    return;
+  }
+  const Tensor partial = empty({rows, chunks}, {dtype_of<T>(), Device::CUDA});
+  sum_segments_kernel<<<blocks, 256, 0, stream()>>>(x, partial.data<T>(), rows, cols, chunks);
+  check_launch("sum");
+  sum_rows_typed(partial.data<T>(), out, rows, chunks);
 }
 
 }  // namespace
 
 void sum_rows(const Tensor& x, const Tensor& out, int64_t rows, int64_t cols) {
   if (rows == 0) return;
-  const int threads = cols <= 32 ? 32 : cols <= 128 ? 128 : 256;
-  const int blocks = static_cast<int>(std::min<int64_t>(rows, 65535));
-  TG_DISPATCH_FLOAT(x.dtype(), T, [&] {
-    sum_rows_kernel<<<blocks, threads, 0, stream()>>>(x.data<T>(), out.data<T>(), rows, cols);
-  });
+  TG_DISPATCH_FLOAT(x.dtype(), T, [&] { sum_rows_typed(x.data<T>(), out.data<T>(), rows, cols); });
   check_launch("sum");
+}
+
+void sum_columns(const Tensor& x, const Tensor& out, int64_t rows, int64_t cols) {
+  TG_DISPATCH_FLOAT(x.dtype(), T, [&] {
+    column_sums_with(Loop{"sum"}, ReadValue<T>{x.data<T>(), cols}, rows, cols, out.data<T>(), x.device());
+  });
 }
 
 }  // namespace tg::cuda

@@ -6,6 +6,7 @@
 #pragma once
 #include <vector>
 
+#include "core/hd.h"
 #include "core/tensor.h"
 
 namespace tg {
@@ -17,12 +18,62 @@ Tensor mean(const Tensor& x);
 // Sums x down to `shape`, which x's shape broadcasts from.
 Tensor sum_to(const Tensor& x, const Shape& shape);
 
-// Kernels: out[r] = sum_j x[r, j] for a contiguous x viewed as [rows, cols].
+// Column sums out[c] = sum_r value(r, c) in two stages, so that tall-narrow and
+// short-wide problems both fill the device: partial sums over chunks of
+// kColumnChunk rows, one work item per (chunk, column) — neighbouring items
+// read neighbouring columns, so loads coalesce — then a sum over the chunks.
+constexpr int64_t kColumnChunk = 64;
+
+template <class T, class Value>
+struct ColumnChunkSum {
+  Value value;
+  T* partial;  // [chunks, cols]
+  int64_t rows, cols;
+  TG_HD void operator()(int64_t i) const {
+    const int64_t c = i % cols, first = (i / cols) * kColumnChunk;
+    const int64_t last = first + kColumnChunk < rows ? first + kColumnChunk : rows;
+    T acc = 0;
+    for (int64_t r = first; r < last; ++r) acc += value(r, c);
+    partial[i] = acc;
+  }
+};
+
+template <class T>
+struct ColumnChunkTotal {
+  const T* partial;
+  T* out;
+  int64_t chunks, cols;
+  TG_HD void operator()(int64_t c) const {
+    T acc = 0;
+    for (int64_t k = 0; k < chunks; ++k) acc += partial[k * cols + c];
+    out[c] = acc;
+  }
+};
+
+template <class T>
+struct ReadValue {  // value(r, c) = x[r, c] of a contiguous [rows, cols]
+  const T* x;
+  int64_t cols;
+  TG_HD T operator()(int64_t r, int64_t c) const { return x[r * cols + c]; }
+};
+
+template <class T, class Loop, class Value>
+void column_sums_with(const Loop& loop, const Value& value, int64_t rows, int64_t cols, T* out, Device device) {
+  const int64_t chunks = (rows + kColumnChunk - 1) / kColumnChunk;
+  const Tensor partial = empty({chunks, cols}, {dtype_of<T>(), device});
+  loop(chunks * cols, ColumnChunkSum<T, Value>{value, partial.data<T>(), rows, cols});
+  loop(cols, ColumnChunkTotal<T>{partial.data<T>(), out, chunks, cols});
+}
+
+// Kernels on a contiguous x viewed as [rows, cols]:
+// sum_rows: out[r] = sum_j x[r, j];  sum_columns: out[c] = sum_r x[r, c].
 namespace cpu {
 void sum_rows(const Tensor& x, const Tensor& out, int64_t rows, int64_t cols);
-}
+void sum_columns(const Tensor& x, const Tensor& out, int64_t rows, int64_t cols);
+}  // namespace cpu
 namespace cuda {
 void sum_rows(const Tensor& x, const Tensor& out, int64_t rows, int64_t cols);
-}
+void sum_columns(const Tensor& x, const Tensor& out, int64_t rows, int64_t cols);
+}  // namespace cuda
 
 }  // namespace tg

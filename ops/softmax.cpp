@@ -12,14 +12,14 @@ namespace tg {
 
 namespace {
 
-void forward_kernel(SoftmaxImpl impl, const Tensor& x, const Tensor& y, int64_t rows, int64_t cols) {
+void forward_kernel([[maybe_unused]] SoftmaxImpl impl, const Tensor& x, const Tensor& y, int64_t rows, int64_t cols) {
 #ifdef TG_CUDA
   if (impl == SoftmaxImpl::Cudnn && x.is_cuda()) return cuda::softmax_forward_cudnn(x, y, rows, cols);
 #endif
   TG_DISPATCH_DEVICE(x, softmax_forward, x, y, rows, cols);
 }
 
-void backward_kernel(SoftmaxImpl impl, const Tensor& y, const Tensor& g, const Tensor& gx, int64_t rows,
+void backward_kernel([[maybe_unused]] SoftmaxImpl impl, const Tensor& y, const Tensor& g, const Tensor& gx, int64_t rows,
                      int64_t cols) {
 #ifdef TG_CUDA
   if (impl == SoftmaxImpl::Cudnn && y.is_cuda()) return cuda::softmax_backward_cudnn(y, g, gx, rows, cols);

@@ -1,4 +1,5 @@
 #include <cmath>
+#include <type_traits>
 
 #include "core/cuda_loops.cuh"
 #include "core/cuda_reduce.cuh"
@@ -9,37 +10,91 @@ namespace tg::cuda {
 namespace {
 
 constexpr int kRowsPerBlock = 8;  // one warp per row
+constexpr int kMaxRegisterCols = 32 * 32;
 
-// Merges the running (max, sum of exp(x - max)) of two partial rows; -inf max = empty.
 template <class T>
-__device__ __forceinline__ void merge_max_sum(T& m, T& s, T m2, T s2) {
-  const T mx = m > m2 ? m : m2;
-  if (isinf(mx) && mx < 0) return;
-  s = (isinf(m) && m < 0 ? T(0) : s * exp(m - mx)) + (isinf(m2) && m2 < 0 ? T(0) : s2 * exp(m2 - mx));
-  m = mx;
+__device__ __forceinline__ T warp_max(T v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
 }
 
-// Pass 1: online max and sum over the row (one read); pass 2: write exp(x - max) / sum.
-template <class T>
-__global__ void softmax_forward_kernel(const T* x, T* y, int64_t rows, int64_t cols) {
+// Rows of up to 32 K columns: each lane keeps its K elements in registers, so
+// the row is read once and written once: max, then exp and sum, then scale.
+template <class T, int K>
+__global__ void softmax_forward_registers(const T* x, T* y, int64_t rows, int64_t cols) {
   const int lane = threadIdx.x % 32;
   const int64_t row = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / 32;
   if (row >= rows) return;
   const T* xr = x + row * cols;
-  T* yr = y + row * cols;
-  T m = -INFINITY, s = 0;
-  for (int64_t j = lane; j < cols; j += 32) merge_max_sum(m, s, xr[j], T(1));
+  T v[K];
+  T mx = -INFINITY;
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1)
-    merge_max_sum(m, s, __shfl_xor_sync(0xffffffffu, m, offset), __shfl_xor_sync(0xffffffffu, s, offset));
-  const bool all_masked = isinf(m) && m < 0;
-  const T inv = all_masked ? T(0) : T(1) / s;
-  for (int64_t j = lane; j < cols; j += 32) yr[j] = all_masked ? T(0) : exp(xr[j] - m) * inv;
+  for (int k = 0; k < K; ++k) {
+    const int64_t j = lane + 32 * k;
+    v[k] = j < cols ? xr[j] : T(-INFINITY);
+    mx = max(mx, v[k]);
+  }
+  mx = warp_max(mx);
+  const bool all_masked = isinf(mx) && mx < 0;  // every key masked: the row is zeros
+  T sum = 0;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    v[k] = all_masked ? T(0) : exp(v[k] - mx);
+    sum += v[k];
+  }
+  sum = warp_sum(sum);
+  const T inv = all_masked ? T(0) : T(1) / sum;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int64_t j = lane + 32 * k;
+    if (j < cols) y[row * cols + j] = v[k] * inv;
+  }
 }
 
-// gx = y * (g - sum(g * y)): a warp-wide dot, then one write pass.
+// Longer rows: three sweeps (max, sum, write); the second and third hit the cache.
 template <class T>
-__global__ void softmax_backward_kernel(const T* y, const T* g, T* gx, int64_t rows, int64_t cols) {
+__global__ void softmax_forward_long_rows(const T* x, T* y, int64_t rows, int64_t cols) {
+  const int lane = threadIdx.x % 32;
+  const int64_t row = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / 32;
+  if (row >= rows) return;
+  const T* xr = x + row * cols;
+  T mx = -INFINITY;
+  for (int64_t j = lane; j < cols; j += 32) mx = max(mx, xr[j]);
+  mx = warp_max(mx);
+  const bool all_masked = isinf(mx) && mx < 0;
+  T sum = 0;
+  for (int64_t j = lane; j < cols; j += 32) sum += all_masked ? T(0) : exp(xr[j] - mx);
+  const T inv = all_masked ? T(0) : T(1) / warp_sum(sum);
+  for (int64_t j = lane; j < cols; j += 32) y[row * cols + j] = all_masked ? T(0) : exp(xr[j] - mx) * inv;
+}
+
+// gx = y * (g - sum(g * y)), the row held in registers.
+template <class T, int K>
+__global__ void softmax_backward_registers(const T* y, const T* g, T* gx, int64_t rows, int64_t cols) {
+  const int lane = threadIdx.x % 32;
+  const int64_t row = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / 32;
+  if (row >= rows) return;
+  const int64_t base = row * cols;
+  T yv[K], gv[K];
+  T dot = 0;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int64_t j = lane + 32 * k;
+    yv[k] = j < cols ? y[base + j] : T(0);
+    gv[k] = j < cols ? g[base + j] : T(0);
+    dot += yv[k] * gv[k];
+  }
+  dot = warp_sum(dot);
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int64_t j = lane + 32 * k;
+    if (j < cols) gx[base + j] = yv[k] * (gv[k] - dot);
+  }
+}
+
+template <class T>
+__global__ void softmax_backward_long_rows(const T* y, const T* g, T* gx, int64_t rows, int64_t cols) {
   const int lane = threadIdx.x % 32;
   const int64_t row = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / 32;
   if (row >= rows) return;
@@ -48,6 +103,17 @@ __global__ void softmax_backward_kernel(const T* y, const T* g, T* gx, int64_t r
   for (int64_t j = lane; j < cols; j += 32) dot += g[base + j] * y[base + j];
   dot = warp_sum(dot);
   for (int64_t j = lane; j < cols; j += 32) gx[base + j] = y[base + j] * (g[base + j] - dot);
+}
+
+// Calls launch(integral_constant<int, K>) with the smallest K in {1, 4, 16, 32}
+// such that 32 K >= cols; returns false for longer rows.
+template <class Launch>
+bool with_register_count(int64_t cols, const Launch& launch) {
+  if (cols <= 32) return launch(std::integral_constant<int, 1>{}), true;
+  if (cols <= 128) return launch(std::integral_constant<int, 4>{}), true;
+  if (cols <= 512) return launch(std::integral_constant<int, 16>{}), true;
+  if (cols <= kMaxRegisterCols) return launch(std::integral_constant<int, 32>{}), true;
+  return false;
 }
 
 int row_blocks(int64_t rows) { return static_cast<int>((rows + kRowsPerBlock - 1) / kRowsPerBlock); }
@@ -72,17 +138,26 @@ struct RowsDescriptor {
 
 void softmax_forward(const Tensor& x, const Tensor& y, int64_t rows, int64_t cols) {
   if (rows == 0) return;
+  const dim3 grid(row_blocks(rows)), block(32 * kRowsPerBlock);
   TG_DISPATCH_FLOAT(x.dtype(), T, [&] {
-    softmax_forward_kernel<<<row_blocks(rows), 32 * kRowsPerBlock, 0, stream()>>>(x.data<T>(), y.data<T>(), rows, cols);
+    const bool short_rows = with_register_count(cols, [&](auto k) {
+      softmax_forward_registers<T, decltype(k)::value><<<grid, block, 0, stream()>>>(x.data<T>(), y.data<T>(), rows, cols);
+    });
+    if (!short_rows) softmax_forward_long_rows<T><<<grid, block, 0, stream()>>>(x.data<T>(), y.data<T>(), rows, cols);
   });
   check_launch("softmax");
 }
 
 void softmax_backward(const Tensor& y, const Tensor& g, const Tensor& gx, int64_t rows, int64_t cols) {
   if (rows == 0) return;
+  const dim3 grid(row_blocks(rows)), block(32 * kRowsPerBlock);
   TG_DISPATCH_FLOAT(y.dtype(), T, [&] {
-    softmax_backward_kernel<<<row_blocks(rows), 32 * kRowsPerBlock, 0, stream()>>>(y.data<T>(), g.data<T>(),
-                                                                                 gx.data<T>(), rows, cols);
+    const bool short_rows = with_register_count(cols, [&](auto k) {
+      softmax_backward_registers<T, decltype(k)::value>
+          <<<grid, block, 0, stream()>>>(y.data<T>(), g.data<T>(), gx.data<T>(), rows, cols);
+    });
+    if (!short_rows)
+      softmax_backward_long_rows<T><<<grid, block, 0, stream()>>>(y.data<T>(), g.data<T>(), gx.data<T>(), rows, cols);
   });
   check_launch("softmax_backward");
 }

@@ -37,7 +37,7 @@ inline void expect_parity(const std::function<tg::Tensor(const std::vector<tg::T
   REQUIRE(out_gpu.is_cuda());
   CHECK(parity_error(out_gpu, out_cpu, tol) <= 1.0);
   if (!out_cpu.requires_grad()) return;
-  const tg::Tensor seed = tg::randn(out_cpu.shape());
+  const tg::Tensor seed = tg::randn(out_cpu.shape(), {out_cpu.dtype()});
   out_cpu.backward(seed);
   out_gpu.backward(seed.cuda());
   for (size_t i = 0; i < inputs.size(); ++i) {

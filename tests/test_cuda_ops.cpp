@@ -92,6 +92,8 @@ TEST_CASE("cuda/sum" * doctest::skip(kNoGpu)) {
   expect_parity([](const V& t) { return tg::sum(t[0], {1}); }, {randn32({7, 1000, 3})}, kReduction);
   expect_parity([](const V& t) { return tg::sum(t[0], {0, 2}, true); }, {randn32({33, 5, 65})}, kReduction);
   expect_parity([](const V& t) { return tg::sum(t[0].transpose(0, 1), {-1}); }, {randn32({300, 7})}, kReduction);
+  expect_parity([](const V& t) { return tg::sum(t[0], {0, 1}); }, {randn32({3, 70, 40})}, kReduction);  // column sums
+  expect_parity([](const V& t) { return tg::sum(t[0], {1}); }, {randn32({3, 100000})}, kReduction);     // split rows
 }
 
 TEST_CASE("cuda/mean" * doctest::skip(kNoGpu)) {

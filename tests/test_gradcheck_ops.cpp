@@ -122,6 +122,7 @@ TEST_CASE("gradcheck/sum") {
   expect_gradcheck([](const V& t) { return tg::sum(t[0], {1}); }, {randn64({2, 3, 4})});
   expect_gradcheck([](const V& t) { return tg::sum(t[0], {0, 2}, true); }, {randn64({2, 3, 4})});
   expect_gradcheck([](const V& t) { return tg::sum(t[0], {-1}); }, {randn64({3, 1})});
+  expect_gradcheck([](const V& t) { return tg::sum(t[0], {0}); }, {randn64({5, 40})});  // the column-sum path
 }
 
 TEST_CASE("gradcheck/mean") {
@@ -139,6 +140,8 @@ TEST_CASE("forward/sum and mean") {
   CHECK(tg::mean(a, {2}).at({0, 0}) == 1.5);
   CHECK(tg::sum(a.transpose(0, 2), {0}).at({1, 0}) == tg::sum(a, {2}).at({0, 1}));
   CHECK(tg::sum_to(a, {3, 1}).at({2, 0}) == tg::sum(a.narrow(1, 2, 1)).item());
+  const tg::Tensor tall = tg::arange(130 * 40, {tg::DType::Float64}).view({130, 40});  // column-sum path: 3 chunks
+  CHECK(tg::sum(tall, {0}).at({7}) == 130 * 7 + 40.0 * (129 * 130 / 2));
 }
 
 // ---- views
