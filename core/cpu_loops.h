@@ -19,7 +19,7 @@ template <class T, int N, class F>
 void map(const MapArgs<T, N>& a, const F& f) {
   parallel_for(a.n, [&](int64_t i) {
     T v[N];
-    for (int k = 0; k < N; ++k) v[k] = a.in[k][a.contiguous ? i : a.in_idx[k].offset(i)];
+    for (int k = 0; k < N; ++k) v[k] = load_operand(a, k, i);
     a.out[i] = apply_map<T, N>(f, v);
   });
 }

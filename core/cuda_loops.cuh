@@ -35,22 +35,54 @@ struct alignas(16) Pack {
   T v[V];
 };
 
+// Loads operand k of elements i0 .. i0+V-1, which lie in one innermost row.
+template <class T, int N, int V>
+__device__ __forceinline__ void load_run(const MapArgs<T, N>& a, int k, int64_t i0, T (&out)[V]) {
+  switch (a.run[k]) {
+    case RunKind::Vector: {
+      const Pack<T, V> p = reinterpret_cast<const Pack<T, V>*>(a.in[k])[i0 / V];
+#pragma unroll
+      for (int j = 0; j < V; ++j) out[j] = p.v[j];
+      return;
+    }
+    case RunKind::Stride1: {
+      const T* base = a.in[k] + (a.in_contiguous[k] ? i0 : a.in_idx[k].offset(i0));
+#pragma unroll
+      for (int j = 0; j < V; ++j) out[j] = base[j];
+      return;
+    }
+    case RunKind::Broadcast: {
+      const T v = a.in[k][a.in_idx[k].offset(i0)];
+#pragma unroll
+      for (int j = 0; j < V; ++j) out[j] = v;
+      return;
+    }
+    case RunKind::Gather:
+#pragma unroll
+      for (int j = 0; j < V; ++j) out[j] = load_operand(a, k, i0 + j);
+      return;
+  }
+}
+
+// Packed path: each thread makes 16 bytes of output per step (one vector
+// store), reading each operand by its RunKind, so one index computation serves
+// V elements. The tail past the last whole pack is done element by element.
 template <class T, int N, class F>
-__global__ void map_kernel(MapArgs<T, N> a, F f, bool vectorized) {
+__global__ void map_kernel(MapArgs<T, N> a, F f, bool packed) {
   constexpr int V = 16 / sizeof(T);
   const int64_t tid = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   int64_t scalar_start = 0;
-  if (vectorized) {
+  if (packed) {
     const int64_t packs = a.n / V;
     for (int64_t p = tid; p < packs; p += stride) {
-      Pack<T, V> in[N];
-      for (int k = 0; k < N; ++k) in[k] = reinterpret_cast<const Pack<T, V>*>(a.in[k])[p];
+      T in[N][V];
+      for (int k = 0; k < N; ++k) load_run(a, k, p * V, in[k]);
       Pack<T, V> out;
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         T v[N];
-        for (int k = 0; k < N; ++k) v[k] = in[k].v[j];
+        for (int k = 0; k < N; ++k) v[k] = in[k][j];
         out.v[j] = apply_map<T, N>(f, v);
       }
       reinterpret_cast<Pack<T, V>*>(a.out)[p] = out;
@@ -59,24 +91,27 @@ __global__ void map_kernel(MapArgs<T, N> a, F f, bool vectorized) {
   }
   for (int64_t i = scalar_start + tid; i < a.n; i += stride) {
     T v[N];
-    for (int k = 0; k < N; ++k) v[k] = a.in[k][a.contiguous ? i : a.in_idx[k].offset(i)];
+    for (int k = 0; k < N; ++k) v[k] = load_operand(a, k, i);
     a.out[i] = apply_map<T, N>(f, v);
   }
 }
 
+// Packs need an aligned output and runs that never cross an innermost row.
 template <class T, int N>
-bool aligned16(const MapArgs<T, N>& a) {
-  bool ok = reinterpret_cast<uintptr_t>(a.out) % 16 == 0;
-  for (int k = 0; k < N; ++k) ok = ok && reinterpret_cast<uintptr_t>(a.in[k]) % 16 == 0;
-  return ok;
+bool packable(const MapArgs<T, N>& a) {
+  constexpr int V = 16 / sizeof(T);
+  if (reinterpret_cast<uintptr_t>(a.out) % 16 != 0) return false;
+  for (int k = 0; k < N; ++k)
+    if (a.run[k] != RunKind::Vector && a.inner % V != 0) return false;
+  return true;
 }
 
 template <class T, int N, class F>
 void map(const char* op, const MapArgs<T, N>& a, const F& f) {
   if (a.n == 0) return;
-  const bool vectorized = a.contiguous && aligned16(a);
-  const int64_t work = vectorized ? a.n / (16 / sizeof(T)) + 1 : a.n;
-  map_kernel<<<grid_for(work), kThreads, 0, stream()>>>(a, f, vectorized);
+  const bool packed = packable(a);
+  const int64_t work = packed ? a.n / (16 / sizeof(T)) + 1 : a.n;
+  map_kernel<<<grid_for(work), kThreads, 0, stream()>>>(a, f, packed);
   check_launch(op);
 }
 

@@ -9,13 +9,23 @@
 
 namespace tg {
 
+// How an operand is read in runs of consecutive elements (see cuda::map_kernel).
+enum class RunKind : int8_t {
+  Vector,     // contiguous and 16-byte aligned: one vector load per run
+  Stride1,    // elements of a run are consecutive in memory
+  Broadcast,  // every element of a run is the same element (stride 0)
+  Gather,     // none of these: an offset per element
+};
+
 template <class T, int N>
 struct MapArgs {
   T* out = nullptr;  // contiguous
   const T* in[N] = {};
   StridedIndexer in_idx[N];
+  bool in_contiguous[N] = {};  // index i is offset i
+  RunKind run[N] = {};         // for runs of 16 bytes that stay inside the innermost dim
+  int64_t inner = 1;           // size of the innermost collapsed dim
   int64_t n = 0;
-  bool contiguous = true;  // every input contiguous: index i is offset i
 };
 
 template <class T, int N>
@@ -29,12 +39,27 @@ MapArgs<T, N> make_map_args(const char* op, const Tensor& out, const std::array<
     TG_CHECK(ins[k].shape() == out.shape(), op, ": operand ", k, " of shape ", ins[k].shape(),
              " was not broadcast to the output shape ", out.shape());
     a.in[k] = ins[k].template data<T>();
-    a.contiguous = a.contiguous && ins[k].is_contiguous();
+    a.in_contiguous[k] = ins[k].is_contiguous();
     strides.push_back(ins[k].strides());
   }
   collapse_dims(shape, strides);
-  for (int k = 0; k < N; ++k) a.in_idx[k] = make_indexer(op, shape, strides[k]);
+  a.inner = shape.empty() ? 1 : shape.back();
+  for (int k = 0; k < N; ++k) {
+    a.in_idx[k] = make_indexer(op, shape, strides[k]);
+    const int64_t inner_stride = shape.empty() ? 1 : strides[k].back();
+    const bool aligned = reinterpret_cast<uintptr_t>(a.in[k]) % 16 == 0;
+    a.run[k] = a.in_contiguous[k] && aligned ? RunKind::Vector
+               : inner_stride == 1           ? RunKind::Stride1
+               : inner_stride == 0           ? RunKind::Broadcast
+                                             : RunKind::Gather;
+  }
   return a;
+}
+
+// Operand k of element i, by the cheapest addressing it allows.
+template <class T, int N>
+TG_HD T load_operand(const MapArgs<T, N>& a, int k, int64_t i) {
+  return a.in[k][a.in_contiguous[k] ? i : a.in_idx[k].offset(i)];
 }
 
 // Calls f with the N loaded operands of element i.

@@ -5,6 +5,7 @@
 //   to_device(x, d) grad: x <- to_device(g, x.device)
 #pragma once
 #include "core/indexing.h"
+#include "core/map_args.h"
 #include "core/tensor.h"
 
 namespace tg {
@@ -36,8 +37,17 @@ struct FillStrided {
 };
 
 // Device-generic launchers: `loop` is cpu::Loop or cuda::Loop.
+template <class T>
+struct Identity {
+  TG_HD T operator()(T x) const { return x; }
+};
+
 template <class Loop>
 void copy_strided_with(const Loop& loop, const Tensor& dst, const Tensor& src) {
+  if (dst.is_contiguous() && dst.dtype() == src.dtype()) {  // a gather: the packed map path
+    TG_DISPATCH_FLOAT(dst.dtype(), T, [&] { loop.map(make_map_args<T, 1>(loop.op, dst, {src}), Identity<T>{}); });
+    return;
+  }
   Shape shape = dst.shape();
   std::vector<Shape> strides = {dst.strides(), src.strides()};
   collapse_dims(shape, strides);

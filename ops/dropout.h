@@ -24,9 +24,16 @@ Tensor dropout(const Tensor& x, const DropoutOptions& options);
 // The 0/1 keep mask that dropout(x, {p, state}) applies to a tensor of `shape`.
 Tensor dropout_mask(const Shape& shape, double p, PhiloxState state, TensorOptions opts = {});
 
+// Four consecutive elements, aligned so that they move as one (or two) vector accesses.
+template <class T>
+struct alignas(4 * sizeof(T)) Quad {
+  T v[4];
+};
+
 // out[i] = in[i] * keep(i) * scale; with in == nullptr, out[i] = keep(i).
 // One work item per Philox block: elements 4g .. 4g+3 share block g, so each
-// block is computed once (keep(i) = lane i % 4 of block i / 4 >= p).
+// block is computed once (keep(i) = lane i % 4 of block i / 4 >= p), and the
+// four elements are read and written as one aligned Quad.
 template <class T>
 struct DropoutApply {
   const T* in;
@@ -36,24 +43,44 @@ struct DropoutApply {
   PhiloxState rng;
   float p;
   T scale;
+  bool aligned;  // in, mask and out are Quad-aligned
+
+  TG_HD T drawn(const Philox4& bits, int lane) const { return bits_to_uniform(bits.v[lane]) >= p ? T(1) : T(0); }
+
   TG_HD void operator()(int64_t group) const {
     const Philox4 bits = mask ? Philox4{} : philox_block(rng, static_cast<uint64_t>(group));
-    for (int lane = 0; lane < 4; ++lane) {
-      const int64_t i = group * 4 + lane;
-      if (i >= n) return;
-      const T keep = mask ? mask[i] : (bits_to_uniform(bits.v[lane]) >= p ? T(1) : T(0));
-      out[i] = in ? in[i] * keep * scale : keep;
+    const int64_t i0 = group * 4;
+    if (aligned && i0 + 3 < n) {
+      const Quad<T> m = mask ? reinterpret_cast<const Quad<T>*>(mask)[group] : Quad<T>{};
+      const Quad<T> x = in ? reinterpret_cast<const Quad<T>*>(in)[group] : Quad<T>{};
+      Quad<T> y;
+      for (int lane = 0; lane < 4; ++lane) {
+        const T k = mask ? m.v[lane] : drawn(bits, lane);
+        y.v[lane] = in ? x.v[lane] * k * scale : k;
+      }
+      reinterpret_cast<Quad<T>*>(out)[group] = y;
+      return;
+    }
+    for (int lane = 0; lane < 4 && i0 + lane < n; ++lane) {
+      const T k = mask ? mask[i0 + lane] : drawn(bits, lane);
+      out[i0 + lane] = in ? in[i0 + lane] * k * scale : k;
     }
   }
 };
+
+template <class T>
+bool quad_aligned(const T* p) { return reinterpret_cast<uintptr_t>(p) % sizeof(Quad<T>) == 0; }
 
 template <class Loop>
 void dropout_with(const Loop& loop, const Tensor& x, const Tensor& mask, PhiloxState rng, double p,
                   const Tensor& out) {
   const int64_t n = out.numel();
   TG_DISPATCH_FLOAT(out.dtype(), T, [&] {
-    loop((n + 3) / 4, DropoutApply<T>{x.defined() ? x.data<T>() : nullptr, mask.defined() ? mask.data<T>() : nullptr,
-                                      out.data<T>(), n, rng, static_cast<float>(p), static_cast<T>(1.0 / (1.0 - p))});
+    const T* in = x.defined() ? x.data<T>() : nullptr;
+    const T* m = mask.defined() ? mask.data<T>() : nullptr;
+    const bool aligned = quad_aligned(in) && quad_aligned(m) && quad_aligned(out.data<T>());
+    loop((n + 3) / 4, DropoutApply<T>{in, m, out.data<T>(), n, rng, static_cast<float>(p), static_cast<T>(1.0 / (1.0 - p)),
+                                      aligned});
   });
 }
 

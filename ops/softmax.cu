@@ -10,15 +10,6 @@ namespace tg::cuda {
 namespace {
 
 constexpr int kRowsPerBlock = 8;  // one warp per row
-constexpr int kMaxRegisterCols = 32 * 32;
-
-template <class T>
-__device__ __forceinline__ T warp_max(T v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  return v;
-}
-
 // Rows of up to 32 K columns: each lane keeps its K elements in registers, so
 // the row is read once and written once: max, then exp and sum, then scale.
 template <class T, int K>
@@ -103,17 +94,6 @@ __global__ void softmax_backward_long_rows(const T* y, const T* g, T* gx, int64_
   for (int64_t j = lane; j < cols; j += 32) dot += g[base + j] * y[base + j];
   dot = warp_sum(dot);
   for (int64_t j = lane; j < cols; j += 32) gx[base + j] = y[base + j] * (g[base + j] - dot);
-}
-
-// Calls launch(integral_constant<int, K>) with the smallest K in {1, 4, 16, 32}
-// such that 32 K >= cols; returns false for longer rows.
-template <class Launch>
-bool with_register_count(int64_t cols, const Launch& launch) {
-  if (cols <= 32) return launch(std::integral_constant<int, 1>{}), true;
-  if (cols <= 128) return launch(std::integral_constant<int, 4>{}), true;
-  if (cols <= 512) return launch(std::integral_constant<int, 16>{}), true;
-  if (cols <= kMaxRegisterCols) return launch(std::integral_constant<int, 32>{}), true;
-  return false;
 }
 
 int row_blocks(int64_t rows) { return static_cast<int>((rows + kRowsPerBlock - 1) / kRowsPerBlock); }
