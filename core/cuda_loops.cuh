@@ -66,30 +66,46 @@ __device__ __forceinline__ void load_run(const MapArgs<T, N>& a, int k, int64_t 
 
 // Packed path: each thread makes 16 bytes of output per step (one vector
 // store), reading each operand by its RunKind, so one index computation serves
-// V elements. The tail past the last whole pack is done element by element.
+// V elements. kAllVector compiles the common all-contiguous case without the
+// per-operand switch, so its loads issue back to back.
+template <bool kAllVector, class T, int N, class F>
+__device__ __forceinline__ void packed_loop(const MapArgs<T, N>& a, const F& f, int64_t tid, int64_t stride) {
+  constexpr int V = 16 / sizeof(T);
+  for (int64_t p = tid; p < a.n / V; p += stride) {
+    T in[N][V];
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      if constexpr (kAllVector) {
+        const Pack<T, V> v = reinterpret_cast<const Pack<T, V>*>(a.in[k])[p];
+#pragma unroll
+        for (int j = 0; j < V; ++j) in[k][j] = v.v[j];
+      } else {
+        load_run(a, k, p * V, in[k]);
+      }
+    }
+    Pack<T, V> out;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      T v[N];
+#pragma unroll
+      for (int k = 0; k < N; ++k) v[k] = in[k][j];
+      out.v[j] = apply_map<T, N>(f, v);
+    }
+    reinterpret_cast<Pack<T, V>*>(a.out)[p] = out;
+  }
+}
+
+enum class MapPath { AllVector, Packed, Scalar };
+
+// The tail past the last whole pack, and the scalar path, go element by element.
 template <class T, int N, class F>
-__global__ void map_kernel(MapArgs<T, N> a, F f, bool packed) {
+__global__ void map_kernel(MapArgs<T, N> a, F f, MapPath path) {
   constexpr int V = 16 / sizeof(T);
   const int64_t tid = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  int64_t scalar_start = 0;
-  if (packed) {
-    const int64_t packs = a.n / V;
-    for (int64_t p = tid; p < packs; p += stride) {
-      T in[N][V];
-      for (int k = 0; k < N; ++k) load_run(a, k, p * V, in[k]);
-      Pack<T, V> out;
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        T v[N];
-        for (int k = 0; k < N; ++k) v[k] = in[k][j];
-        out.v[j] = apply_map<T, N>(f, v);
-      }
-      reinterpret_cast<Pack<T, V>*>(a.out)[p] = out;
-    }
-    scalar_start = packs * V;
-  }
-  for (int64_t i = scalar_start + tid; i < a.n; i += stride) {
+  if (path == MapPath::AllVector) packed_loop<true>(a, f, tid, stride);
+  if (path == MapPath::Packed) packed_loop<false>(a, f, tid, stride);
+  for (int64_t i = (path == MapPath::Scalar ? 0 : a.n / V * V) + tid; i < a.n; i += stride) {
     T v[N];
     for (int k = 0; k < N; ++k) v[k] = load_operand(a, k, i);
     a.out[i] = apply_map<T, N>(f, v);
@@ -98,20 +114,23 @@ __global__ void map_kernel(MapArgs<T, N> a, F f, bool packed) {
 
 // Packs need an aligned output and runs that never cross an innermost row.
 template <class T, int N>
-bool packable(const MapArgs<T, N>& a) {
+MapPath choose_path(const MapArgs<T, N>& a) {
   constexpr int V = 16 / sizeof(T);
-  if (reinterpret_cast<uintptr_t>(a.out) % 16 != 0) return false;
-  for (int k = 0; k < N; ++k)
-    if (a.run[k] != RunKind::Vector && a.inner % V != 0) return false;
-  return true;
+  if (reinterpret_cast<uintptr_t>(a.out) % 16 != 0) return MapPath::Scalar;
+  bool all_vector = true;
+  for (int k = 0; k < N; ++k) {
+    all_vector = all_vector && a.run[k] == RunKind::Vector;
+    if (a.run[k] != RunKind::Vector && a.inner % V != 0) return MapPath::Scalar;
+  }
+  return all_vector ? MapPath::AllVector : MapPath::Packed;
 }
 
 template <class T, int N, class F>
 void map(const char* op, const MapArgs<T, N>& a, const F& f) {
   if (a.n == 0) return;
-  const bool packed = packable(a);
-  const int64_t work = packed ? a.n / (16 / sizeof(T)) + 1 : a.n;
-  map_kernel<<<grid_for(work), kThreads, 0, stream()>>>(a, f, packed);
+  const MapPath path = choose_path(a);
+  const int64_t work = path == MapPath::Scalar ? a.n : a.n / (16 / sizeof(T)) + 1;
+  map_kernel<<<grid_for(work), kThreads, 0, stream()>>>(a, f, path);
   check_launch(op);
 }
 
