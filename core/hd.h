@@ -6,3 +6,11 @@
 #else
 #define TG_HD inline
 #endif
+
+// TG_UNROLL(n): `#pragma unroll n` for nvcc, nothing for the host compiler.
+#ifdef __CUDACC__
+#define TG_PRAGMA(x) _Pragma(#x)
+#define TG_UNROLL(n) TG_PRAGMA(unroll n)
+#else
+#define TG_UNROLL(n)
+#endif

@@ -10,6 +10,7 @@
 
 #include "core/hd.h"
 #include "core/philox.h"
+#include "core/quad.h"
 #include "core/tensor.h"
 
 namespace tg {
@@ -23,12 +24,6 @@ struct DropoutOptions {
 Tensor dropout(const Tensor& x, const DropoutOptions& options);
 // The 0/1 keep mask that dropout(x, {p, state}) applies to a tensor of `shape`.
 Tensor dropout_mask(const Shape& shape, double p, PhiloxState state, TensorOptions opts = {});
-
-// Four consecutive elements, aligned so that they move as one (or two) vector accesses.
-template <class T>
-struct alignas(4 * sizeof(T)) Quad {
-  T v[4];
-};
 
 // out[i] = in[i] * keep(i) * scale; with in == nullptr, out[i] = keep(i).
 // One work item per Philox block: elements 4g .. 4g+3 share block g, so each
@@ -67,9 +62,6 @@ struct DropoutApply {
     }
   }
 };
-
-template <class T>
-bool quad_aligned(const T* p) { return reinterpret_cast<uintptr_t>(p) % sizeof(Quad<T>) == 0; }
 
 template <class Loop>
 void dropout_with(const Loop& loop, const Tensor& x, const Tensor& mask, PhiloxState rng, double p,

@@ -12,6 +12,7 @@
 #pragma once
 #include "core/hd.h"
 #include "core/indexing.h"
+#include "core/quad.h"
 #include "core/tensor.h"
 
 namespace tg {
@@ -28,27 +29,47 @@ struct EditBiasDims {
 template <class T>
 TG_HD T cross_term(T ei, T ej) { return ei * (T(1) - ej) + (T(1) - ei) * ej; }
 
+// One work item = four consecutive j of one row (b, h, i): a quarter of the
+// index arithmetic, and E read / the output written as Quads when aligned.
 template <class T>
 struct EditBiasForward {
   const T *E, *within, *cross, *e;
   T* out;
   EditBiasDims d;
-  bool narrow;
-  TG_HD void operator()(int64_t idx) const {
-    int64_t rest = idx;
-    const int64_t j = pop_index(rest, d.S, narrow), i = pop_index(rest, d.S, narrow), h = pop_index(rest, d.H, narrow);
-    const int64_t b = rest;
-    const T ei = e[b * d.S + i], ej = e[b * d.S + j];
-    out[idx] = E[(h * d.M + i) * d.M + j] + within[h] * ei * ej + cross[h] * cross_term(ei, ej);
+  int64_t quads_per_row;  // ceil(S / 4)
+  bool narrow, vector;    // vector: S and M multiples of 4, E and out Quad-aligned
+
+  TG_HD T value(int64_t b, int64_t h, T ei, int64_t j, T Eij) const {
+    const T ej = e[b * d.S + j];
+    return Eij + within[h] * ei * ej + cross[h] * cross_term(ei, ej);
+  }
+
+  TG_HD void operator()(int64_t item) const {
+    int64_t rest = item;
+    const int64_t j0 = pop_index(rest, quads_per_row, narrow) * 4, i = pop_index(rest, d.S, narrow),
+                  h = pop_index(rest, d.H, narrow), b = rest;
+    const T ei = e[b * d.S + i];
+    const T* E_row = E + (h * d.M + i) * d.M;
+    T* out_row = out + ((b * d.H + h) * d.S + i) * d.S;
+    if (vector) {
+      const Quad<T> Eq = reinterpret_cast<const Quad<T>*>(E_row)[j0 / 4];
+      Quad<T> o;
+      for (int l = 0; l < 4; ++l) o.v[l] = value(b, h, ei, j0 + l, Eq.v[l]);
+      reinterpret_cast<Quad<T>*>(out_row)[j0 / 4] = o;
+      return;
+    }
+    for (int64_t j = j0; j < j0 + 4 && j < d.S; ++j) out_row[j] = value(b, h, ei, j, E_row[j]);
   }
 };
 
 template <class Loop>
 void edit_bias_forward_with(const Loop& loop, const Tensor& E, const Tensor& within, const Tensor& cross,
                             const Tensor& e, const Tensor& out, EditBiasDims d) {
+  const int64_t quads = (d.S + 3) / 4;
   TG_DISPATCH_FLOAT(E.dtype(), T, [&] {
-    loop(out.numel(),
-         EditBiasForward<T>{E.data<T>(), within.data<T>(), cross.data<T>(), e.data<T>(), out.data<T>(), d, d.narrow()});
+    const bool vector = d.S % 4 == 0 && d.M % 4 == 0 && quad_aligned(E.data<T>()) && quad_aligned(out.data<T>());
+    loop(d.B * d.H * d.S * quads, EditBiasForward<T>{E.data<T>(), within.data<T>(), cross.data<T>(), e.data<T>(),
+                                                     out.data<T>(), d, quads, d.narrow(), vector});
   });
 }
 
@@ -62,6 +83,7 @@ template <class T>
 TG_HD EditBiasGradAt<T> edit_bias_grad_at(const T* g, const T* e, EditBiasDims d, int64_t h, int64_t i, int64_t j) {
   EditBiasGradAt<T> r;
   if (i >= d.S || j >= d.S) return r;
+  TG_UNROLL(4)
   for (int64_t b = 0; b < d.B; ++b) {
     const T gv = g[((b * d.H + h) * d.S + i) * d.S + j];
     const T ei = e[b * d.S + i], ej = e[b * d.S + j];
