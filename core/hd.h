@@ -7,8 +7,8 @@
 #define TG_HD inline
 #endif
 
-// TG_UNROLL(n): `#pragma unroll n` for nvcc, nothing for the host compiler.
-#ifdef __CUDACC__
+// TG_UNROLL(n): `#pragma unroll n` in device code, nothing in host code.
+#ifdef __CUDA_ARCH__
 #define TG_PRAGMA(x) _Pragma(#x)
 #define TG_UNROLL(n) TG_PRAGMA(unroll n)
 #else
