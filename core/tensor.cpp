@@ -117,7 +117,10 @@ Tensor& Tensor::requires_grad_(bool on) {
 }
 
 Tensor Tensor::grad() const { return Tensor(checked_impl().grad); }
-void Tensor::zero_grad() { checked_impl(), impl_->grad.reset(); }
+void Tensor::zero_grad() {
+  checked_impl();
+  impl_->grad.reset();
+}
 bool Tensor::is_leaf() const { return checked_impl().grad_fn == nullptr; }
 const std::shared_ptr<autograd::Node>& Tensor::grad_fn() const { return checked_impl().grad_fn; }
 

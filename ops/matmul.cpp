@@ -91,6 +91,7 @@ Tensor token_sum(const Tensor& g2) {
 
 void gemm_into(const char* op, const Tensor& a_in, const Tensor& b_in, const Tensor& c, double beta,
                MatmulPrecision precision) {
+  if (c.numel() == 0) return;
   const Tensor a = blas_compatible(with_batch(op, a_in, c.shape()));
   const Tensor b = blas_compatible(with_batch(op, b_in, c.shape()));
   GemmProblem p;
@@ -104,7 +105,6 @@ void gemm_into(const char* op, const Tensor& a_in, const Tensor& b_in, const Ten
   p.batch = batch_dims(a, b, c);
   p.beta = beta;
   p.precision = resolve_precision(precision);
-  if (c.numel() == 0) return;
   TG_DISPATCH_DEVICE(c, gemm, p);
 }
 

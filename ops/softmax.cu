@@ -1,4 +1,5 @@
 #include <cmath>
+#include <cstdio>
 #include <type_traits>
 
 #include "core/cuda_loops.cuh"
@@ -98,10 +99,18 @@ __global__ void softmax_backward_long_rows(const T* y, const T* g, T* gx, int64_
 
 int row_blocks(int64_t rows) { return static_cast<int>((rows + kRowsPerBlock - 1) / kRowsPerBlock); }
 
-// A [rows, cols, 1, 1] descriptor: cuDNN's "instance" softmax then runs over cols.
+constexpr float kOne32 = 1, kZero32 = 0;
+constexpr double kOne64 = 1, kZero64 = 0;
+
+// A [rows, cols, 1, 1] descriptor: cuDNN's "instance" softmax then runs over
+// cols. Also hands out the alpha = 1, beta = 0 scalars of the tensor's dtype.
 struct RowsDescriptor {
   cudnnTensorDescriptor_t desc = nullptr;
-  RowsDescriptor(const Tensor& t, int64_t rows, int64_t cols) {
+  bool f64 = false;
+  const void* one() const { return f64 ? static_cast<const void*>(&kOne64) : &kOne32; }
+  const void* zero() const { return f64 ? static_cast<const void*>(&kZero64) : &kZero32; }
+
+  RowsDescriptor(const Tensor& t, int64_t rows, int64_t cols) : f64(t.dtype() == DType::Float64) {
     TG_CHECK(rows <= INT32_MAX && cols <= INT32_MAX, "softmax (cuDNN): ", rows, " x ", cols, " exceeds cuDNN's int sizes");
     TG_CUDA_CHECK(cudnnCreateTensorDescriptor(&desc), "softmax (cuDNN)");
     TG_CUDA_CHECK(cudnnSetTensor4dDescriptor(desc, CUDNN_TENSOR_NCHW,
@@ -109,7 +118,10 @@ struct RowsDescriptor {
                                              static_cast<int>(rows), static_cast<int>(cols), 1, 1),
                   "softmax (cuDNN)");
   }
-  ~RowsDescriptor() { cudnnDestroyTensorDescriptor(desc); }
+  ~RowsDescriptor() {  // a destructor cannot throw: a failure is reported
+    const cudnnStatus_t status = cudnnDestroyTensorDescriptor(desc);
+    if (status != CUDNN_STATUS_SUCCESS) std::fprintf(stderr, "tapegrad: softmax (cuDNN): %s\n", cudnnGetErrorString(status));
+  }
   RowsDescriptor(const RowsDescriptor&) = delete;
   RowsDescriptor& operator=(const RowsDescriptor&) = delete;
 };
@@ -145,12 +157,8 @@ void softmax_backward(const Tensor& y, const Tensor& g, const Tensor& gx, int64_
 void softmax_forward_cudnn(const Tensor& x, const Tensor& y, int64_t rows, int64_t cols) {
   if (rows == 0) return;
   const RowsDescriptor d(x, rows, cols);
-  const double one64 = 1, zero64 = 0;
-  const float one32 = 1, zero32 = 0;
-  const bool f64 = x.dtype() == DType::Float64;
-  TG_CUDA_CHECK(cudnnSoftmaxForward(context().cudnn, CUDNN_SOFTMAX_ACCURATE, CUDNN_SOFTMAX_MODE_INSTANCE,
-                                    f64 ? static_cast<const void*>(&one64) : &one32, d.desc, x.raw_data(),
-                                    f64 ? static_cast<const void*>(&zero64) : &zero32, d.desc, y.raw_data()),
+  TG_CUDA_CHECK(cudnnSoftmaxForward(context().cudnn, CUDNN_SOFTMAX_ACCURATE, CUDNN_SOFTMAX_MODE_INSTANCE, d.one(),
+                                    d.desc, x.raw_data(), d.zero(), d.desc, y.raw_data()),
                 "softmax (cuDNN)");
   check_launch("softmax (cuDNN)");
 }
@@ -158,13 +166,8 @@ void softmax_forward_cudnn(const Tensor& x, const Tensor& y, int64_t rows, int64
 void softmax_backward_cudnn(const Tensor& y, const Tensor& g, const Tensor& gx, int64_t rows, int64_t cols) {
   if (rows == 0) return;
   const RowsDescriptor d(y, rows, cols);
-  const double one64 = 1, zero64 = 0;
-  const float one32 = 1, zero32 = 0;
-  const bool f64 = y.dtype() == DType::Float64;
-  TG_CUDA_CHECK(cudnnSoftmaxBackward(context().cudnn, CUDNN_SOFTMAX_ACCURATE, CUDNN_SOFTMAX_MODE_INSTANCE,
-                                     f64 ? static_cast<const void*>(&one64) : &one32, d.desc, y.raw_data(), d.desc,
-                                     g.raw_data(), f64 ? static_cast<const void*>(&zero64) : &zero32, d.desc,
-                                     gx.raw_data()),
+  TG_CUDA_CHECK(cudnnSoftmaxBackward(context().cudnn, CUDNN_SOFTMAX_ACCURATE, CUDNN_SOFTMAX_MODE_INSTANCE, d.one(),
+                                     d.desc, y.raw_data(), d.desc, g.raw_data(), d.zero(), d.desc, gx.raw_data()),
                 "softmax_backward (cuDNN)");
   check_launch("softmax_backward (cuDNN)");
 }
