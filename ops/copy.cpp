@@ -15,8 +15,13 @@ void copy_into(const Tensor& dst, const Tensor& src) {
     TG_DISPATCH_DEVICE(dst, copy_strided, dst, src);
     return;
   }
-  // Across devices: stage contiguous copies of dst's dtype and move the bytes once.
-  const Tensor staged_src = src.contiguous().to(dst.dtype());
+  // Across devices: stage a contiguous copy of dst's dtype on src's device, move the bytes once.
+  Tensor staged_src = materialize(src);
+  if (staged_src.dtype() != dst.dtype()) {
+    const Tensor cast_src = empty(src.shape(), {dst.dtype(), src.device()});
+    TG_DISPATCH_DEVICE(src, copy_strided, cast_src, staged_src);
+    staged_src = cast_src;
+  }
   const Tensor staged_dst = dst.is_contiguous() ? dst : empty(dst.shape(), {dst.dtype(), dst.device()});
 #ifdef TG_CUDA
   cuda::copy_between_devices(staged_dst, staged_src);
