@@ -21,19 +21,57 @@ __device__ __forceinline__ T warp_max(T v) {
   return v;
 }
 
-// Row kernels keep a row of up to 32 K elements in registers, K per lane.
-// Calls launch(integral_constant<int, K>) with the smallest K in {1, 4, 16, 32}
-// such that 32 K >= cols; returns false when the row is longer than 1024.
-constexpr int64_t kMaxRegisterCols = 32 * 32;
+// One warp's view of one row in a row kernel: lane l owns elements
+// j = l + 32 k. With K > 0 (rows of up to 32 K elements) the first sweep
+// keeps the lane's elements in registers and later sweeps read them there; with
+// K == 0 (longer rows) every sweep reads memory again, mostly from the cache.
+template <class T, int K>
+struct WarpRow {
+  const T* row;
+  int64_t cols;
+  int lane;
+  T reg[K > 0 ? K : 1];
 
+  // Calls f(k, j) for each element the lane owns.
+  template <class F>
+  __device__ __forceinline__ void sweep(const F& f) {
+    if constexpr (K > 0) {
+#pragma unroll
+      for (int k = 0; k < K; ++k)
+        if (lane + 32 * k < cols) f(k, lane + 32 * int64_t(k));
+    } else {
+      int k = 0;
+      for (int64_t j = lane; j < cols; j += 32, ++k) f(k, j);
+    }
+  }
+  // The first sweep's read.
+  __device__ __forceinline__ T load(int k, int64_t j) {
+    const T v = row[j];
+    if constexpr (K > 0) reg[k] = v;
+    return v;
+  }
+  // Later sweeps' reads.
+  __device__ __forceinline__ T get(int k, int64_t j) const {
+    if constexpr (K > 0) return reg[k];
+    else return row[j];
+  }
+};
+
+// Calls launch(integral_constant<int, K>) with the smallest K in {1, 4, 16, 32}
+// such that 32 K >= cols, or K = 0 (no register cache) for longer rows.
 template <class Launch>
-bool with_register_count(int64_t cols, const Launch& launch) {
-  if (cols <= 32) return launch(std::integral_constant<int, 1>{}), true;
-  if (cols <= 128) return launch(std::integral_constant<int, 4>{}), true;
-  if (cols <= 512) return launch(std::integral_constant<int, 16>{}), true;
-  if (cols <= kMaxRegisterCols) return launch(std::integral_constant<int, 32>{}), true;
-  return false;
+void with_row_registers(int64_t cols, const Launch& launch) {
+  if (cols <= 32) launch(std::integral_constant<int, 1>{});
+  else if (cols <= 128) launch(std::integral_constant<int, 4>{});
+  else if (cols <= 512) launch(std::integral_constant<int, 16>{});
+  else if (cols <= 1024) launch(std::integral_constant<int, 32>{});
+  else launch(std::integral_constant<int, 0>{});
 }
+
+// Row kernels run one warp per row, this many rows per block.
+constexpr int kRowsPerBlock = 8;
+inline unsigned row_blocks(int64_t rows) { return static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock); }
+__device__ __forceinline__ int64_t warp_row() { return blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / 32; }
 
 // Sum over the whole block; every thread gets the result. Safe to call repeatedly.
 template <class T>

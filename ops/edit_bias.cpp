@@ -54,13 +54,14 @@ void edit_bias_forward(const Tensor& E, const Tensor& within, const Tensor& cros
 
 void edit_bias_backward(const Tensor& g, const Tensor& e, const Tensor& dE, const Tensor& within_rows,
                         const Tensor& cross_rows, EditBiasDims d) {
+  const bool vector = edit_bias_backward_vector(g, dE, d);
   TG_DISPATCH_FLOAT(g.dtype(), T, [&] {
     parallel_for(d.H * d.M, [&](int64_t row) {  // row = (h, i)
       const int64_t h = row / d.M, i = row % d.M;
       T within = 0, cross = 0;
-      for (int64_t j = 0; j < d.M; ++j) {
-        const EditBiasGradAt<T> r = edit_bias_grad_at(g.data<T>(), e.data<T>(), d, h, i, j);
-        dE.data<T>()[row * d.M + j] = r.dE;
+      for (int64_t j0 = 0; j0 < d.M; j0 += 4) {
+        const EditBiasGradQuad<T> r = edit_bias_grad_quad(g.data<T>(), e.data<T>(), d, h, i, j0, vector);
+        store_edit_bias_quad(dE.data<T>() + row * d.M, j0, r.dE, d.M, vector);
         within += r.within;
         cross += r.cross;
       }

@@ -73,25 +73,51 @@ void edit_bias_forward_with(const Loop& loop, const Tensor& E, const Tensor& wit
   });
 }
 
-// The gradient contributions at one position (h, i, j) of [H, M, M], summed over the batch.
+// The gradient at positions (h, i, j0 .. j0+3) of [H, M, M], summed over the
+// batch: dE for each of the four (0 outside the S x S corner) and their shares
+// of the within/cross sums. With `vector` (S and M multiples of 4, g and dE
+// Quad-aligned) each batch's four g values are one Quad load.
 template <class T>
-struct EditBiasGradAt {
-  T dE = 0, within = 0, cross = 0;
+struct EditBiasGradQuad {
+  Quad<T> dE{};
+  T within = 0, cross = 0;
 };
 
 template <class T>
-TG_HD EditBiasGradAt<T> edit_bias_grad_at(const T* g, const T* e, EditBiasDims d, int64_t h, int64_t i, int64_t j) {
-  EditBiasGradAt<T> r;
-  if (i >= d.S || j >= d.S) return r;
+TG_HD EditBiasGradQuad<T> edit_bias_grad_quad(const T* g, const T* e, EditBiasDims d, int64_t h, int64_t i, int64_t j0,
+                                              bool vector) {
+  EditBiasGradQuad<T> r;
+  if (i >= d.S || j0 >= d.S) return r;
   TG_UNROLL(4)
   for (int64_t b = 0; b < d.B; ++b) {
-    const T gv = g[((b * d.H + h) * d.S + i) * d.S + j];
-    const T ei = e[b * d.S + i], ej = e[b * d.S + j];
-    r.dE += gv;
-    r.within += gv * ei * ej;
-    r.cross += gv * cross_term(ei, ej);
+    const T* g_row = g + ((b * d.H + h) * d.S + i) * d.S;
+    Quad<T> gq;
+    if (vector) gq = reinterpret_cast<const Quad<T>*>(g_row)[j0 / 4];
+    else for (int l = 0; l < 4; ++l) gq.v[l] = j0 + l < d.S ? g_row[j0 + l] : T(0);
+    const T ei = e[b * d.S + i];
+    for (int l = 0; l < 4; ++l) {  // past S, gq is 0 and so is every contribution
+      const T ej = j0 + l < d.S ? e[b * d.S + j0 + l] : T(0);
+      r.dE.v[l] += gq.v[l];
+      r.within += gq.v[l] * ei * ej;
+      r.cross += gq.v[l] * cross_term(ei, ej);
+    }
   }
   return r;
+}
+
+// Writes the four dE values at row[j0 ..], those inside the row of M.
+template <class T>
+TG_HD void store_edit_bias_quad(T* row, int64_t j0, const Quad<T>& q, int64_t M, bool vector) {
+  if (vector) {
+    reinterpret_cast<Quad<T>*>(row)[j0 / 4] = q;
+    return;
+  }
+  for (int l = 0; l < 4 && j0 + l < M; ++l) row[j0 + l] = q.v[l];
+}
+
+inline bool edit_bias_backward_vector(const Tensor& g, const Tensor& dE, EditBiasDims d) {
+  return d.S % 4 == 0 && d.M % 4 == 0 &&
+         TG_DISPATCH_FLOAT(g.dtype(), T, [&] { return quad_aligned(g.data<T>()) && quad_aligned(dE.data<T>()); });
 }
 
 // Kernels on contiguous tensors. Backward writes dE [H,M,M] and, per row

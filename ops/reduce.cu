@@ -6,8 +6,6 @@ namespace tg::cuda {
 
 namespace {
 
-constexpr int kRowsPerWarpBlock = 8;
-
 // Segment s of a row split into `chunks` pieces: block s sums its piece with a
 // block-wide shuffle reduction. chunks = 1 is one block per row.
 template <class T>
@@ -25,7 +23,7 @@ __global__ void sum_segments_kernel(const T* x, T* out, int64_t rows, int64_t co
 // Many short rows: one warp per row.
 template <class T>
 __global__ void sum_rows_warp_kernel(const T* x, T* out, int64_t rows, int64_t cols) {
-  const int64_t r = blockIdx.x * int64_t(kRowsPerWarpBlock) + threadIdx.x / 32;
+  const int64_t r = warp_row();
   if (r >= rows) return;
   T acc = 0;
   for (int64_t j = threadIdx.x % 32; j < cols; j += 32) acc += x[r * cols + j];
@@ -37,8 +35,7 @@ template <class T>
 void sum_rows_typed(const T* x, T* out, int64_t rows, int64_t cols) {
   const int64_t sms = context().sm_count;
   if (cols <= 1024) {
-    sum_rows_warp_kernel<<<static_cast<unsigned>((rows + kRowsPerWarpBlock - 1) / kRowsPerWarpBlock), 32 * kRowsPerWarpBlock, 0,
-                           stream()>>>(x, out, rows, cols);
+    sum_rows_warp_kernel<<<row_blocks(rows), 32 * kRowsPerBlock, 0, stream()>>>(x, out, rows, cols);
     return;
   }
   // Few long rows: split each into chunks (>= 4096 elements) so ~4 blocks run per SM, then sum the chunks.

@@ -10,94 +10,35 @@ namespace tg::cuda {
 
 namespace {
 
-constexpr int kRowsPerBlock = 8;  // one warp per row
-// Rows of up to 32 K columns: each lane keeps its K elements in registers, so
-// the row is read once and written once: max, then exp and sum, then scale.
+// y = exp(x - max) / sum exp(x - max): a max sweep, a sum sweep, a write sweep;
+// with the row in registers (K > 0) the row is read from memory once.
 template <class T, int K>
-__global__ void softmax_forward_registers(const T* x, T* y, int64_t rows, int64_t cols) {
-  const int lane = threadIdx.x % 32;
-  const int64_t row = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / 32;
+__global__ void softmax_forward_kernel(const T* x, T* y, int64_t rows, int64_t cols) {
+  const int64_t row = warp_row();
   if (row >= rows) return;
-  const T* xr = x + row * cols;
-  T v[K];
+  WarpRow<T, K> r{x + row * cols, cols, static_cast<int>(threadIdx.x % 32)};
   T mx = -INFINITY;
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    const int64_t j = lane + 32 * k;
-    v[k] = j < cols ? xr[j] : T(-INFINITY);
-    mx = max(mx, v[k]);
-  }
+  r.sweep([&](int k, int64_t j) { mx = max(mx, r.load(k, j)); });
   mx = warp_max(mx);
   const bool all_masked = isinf(mx) && mx < 0;  // every key masked: the row is zeros
   T sum = 0;
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    v[k] = all_masked ? T(0) : exp(v[k] - mx);
-    sum += v[k];
-  }
-  sum = warp_sum(sum);
-  const T inv = all_masked ? T(0) : T(1) / sum;
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    const int64_t j = lane + 32 * k;
-    if (j < cols) y[row * cols + j] = v[k] * inv;
-  }
-}
-
-// Longer rows: three sweeps (max, sum, write); the second and third hit the cache.
-template <class T>
-__global__ void softmax_forward_long_rows(const T* x, T* y, int64_t rows, int64_t cols) {
-  const int lane = threadIdx.x % 32;
-  const int64_t row = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / 32;
-  if (row >= rows) return;
-  const T* xr = x + row * cols;
-  T mx = -INFINITY;
-  for (int64_t j = lane; j < cols; j += 32) mx = max(mx, xr[j]);
-  mx = warp_max(mx);
-  const bool all_masked = isinf(mx) && mx < 0;
-  T sum = 0;
-  for (int64_t j = lane; j < cols; j += 32) sum += all_masked ? T(0) : exp(xr[j] - mx);
+  r.sweep([&](int k, int64_t j) { sum += all_masked ? T(0) : exp(r.get(k, j) - mx); });
   const T inv = all_masked ? T(0) : T(1) / warp_sum(sum);
-  for (int64_t j = lane; j < cols; j += 32) y[row * cols + j] = all_masked ? T(0) : exp(xr[j] - mx) * inv;
+  r.sweep([&](int k, int64_t j) { y[row * cols + j] = all_masked ? T(0) : exp(r.get(k, j) - mx) * inv; });
 }
 
-// gx = y * (g - sum(g * y)), the row held in registers.
+// gx = y * (g - sum(g * y)): a dot sweep, then a write sweep.
 template <class T, int K>
-__global__ void softmax_backward_registers(const T* y, const T* g, T* gx, int64_t rows, int64_t cols) {
-  const int lane = threadIdx.x % 32;
-  const int64_t row = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / 32;
+__global__ void softmax_backward_kernel(const T* y, const T* g, T* gx, int64_t rows, int64_t cols) {
+  const int64_t row = warp_row();
   if (row >= rows) return;
-  const int64_t base = row * cols;
-  T yv[K], gv[K];
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  WarpRow<T, K> yr{y + row * cols, cols, lane}, gr{g + row * cols, cols, lane};
   T dot = 0;
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    const int64_t j = lane + 32 * k;
-    yv[k] = j < cols ? y[base + j] : T(0);
-    gv[k] = j < cols ? g[base + j] : T(0);
-    dot += yv[k] * gv[k];
-  }
+  yr.sweep([&](int k, int64_t j) { dot += yr.load(k, j) * gr.load(k, j); });
   dot = warp_sum(dot);
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    const int64_t j = lane + 32 * k;
-    if (j < cols) gx[base + j] = yv[k] * (gv[k] - dot);
-  }
+  yr.sweep([&](int k, int64_t j) { gx[row * cols + j] = yr.get(k, j) * (gr.get(k, j) - dot); });
 }
-
-template <class T>
-__global__ void softmax_backward_long_rows(const T* y, const T* g, T* gx, int64_t rows, int64_t cols) {
-  const int lane = threadIdx.x % 32;
-  const int64_t row = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / 32;
-  if (row >= rows) return;
-  const int64_t base = row * cols;
-  T dot = 0;
-  for (int64_t j = lane; j < cols; j += 32) dot += g[base + j] * y[base + j];
-  dot = warp_sum(dot);
-  for (int64_t j = lane; j < cols; j += 32) gx[base + j] = y[base + j] * (g[base + j] - dot);
-}
-
-int row_blocks(int64_t rows) { return static_cast<int>((rows + kRowsPerBlock - 1) / kRowsPerBlock); }
 
 constexpr float kOne32 = 1, kZero32 = 0;
 constexpr double kOne64 = 1, kZero64 = 0;
@@ -130,26 +71,22 @@ struct RowsDescriptor {
 
 void softmax_forward(const Tensor& x, const Tensor& y, int64_t rows, int64_t cols) {
   if (rows == 0) return;
-  const dim3 grid(row_blocks(rows)), block(32 * kRowsPerBlock);
   TG_DISPATCH_FLOAT(x.dtype(), T, [&] {
-    const bool short_rows = with_register_count(cols, [&](auto k) {
-      softmax_forward_registers<T, decltype(k)::value><<<grid, block, 0, stream()>>>(x.data<T>(), y.data<T>(), rows, cols);
+    with_row_registers(cols, [&](auto k) {
+      softmax_forward_kernel<T, decltype(k)::value>
+          <<<row_blocks(rows), 32 * kRowsPerBlock, 0, stream()>>>(x.data<T>(), y.data<T>(), rows, cols);
     });
-    if (!short_rows) softmax_forward_long_rows<T><<<grid, block, 0, stream()>>>(x.data<T>(), y.data<T>(), rows, cols);
   });
   check_launch("softmax");
 }
 
 void softmax_backward(const Tensor& y, const Tensor& g, const Tensor& gx, int64_t rows, int64_t cols) {
   if (rows == 0) return;
-  const dim3 grid(row_blocks(rows)), block(32 * kRowsPerBlock);
   TG_DISPATCH_FLOAT(y.dtype(), T, [&] {
-    const bool short_rows = with_register_count(cols, [&](auto k) {
-      softmax_backward_registers<T, decltype(k)::value>
-          <<<grid, block, 0, stream()>>>(y.data<T>(), g.data<T>(), gx.data<T>(), rows, cols);
+    with_row_registers(cols, [&](auto k) {
+      softmax_backward_kernel<T, decltype(k)::value>
+          <<<row_blocks(rows), 32 * kRowsPerBlock, 0, stream()>>>(y.data<T>(), g.data<T>(), gx.data<T>(), rows, cols);
     });
-    if (!short_rows)
-      softmax_backward_long_rows<T><<<grid, block, 0, stream()>>>(y.data<T>(), g.data<T>(), gx.data<T>(), rows, cols);
   });
   check_launch("softmax_backward");
 }
