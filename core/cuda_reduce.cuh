@@ -55,6 +55,19 @@ struct WarpRow {
     if constexpr (K > 0) return reg[k];
     else return row[j];
   }
+  // Returns f(element); when cached, the element is replaced by f(element).
+  template <class F>
+  __device__ __forceinline__ T transform(int k, int64_t j, const F& f) {
+    const T v = f(get(k, j));
+    if constexpr (K > 0) reg[k] = v;
+    return v;
+  }
+  // After transform(k, j, f): f(element) again, cached or recomputed.
+  template <class F>
+  __device__ __forceinline__ T transformed(int k, int64_t j, const F& f) const {
+    if constexpr (K > 0) return reg[k];
+    else return f(row[j]);
+  }
 };
 
 // Calls launch(integral_constant<int, K>) with the smallest K in {1, 4, 16, 32}

@@ -11,7 +11,8 @@ namespace tg::cuda {
 namespace {
 
 // y = exp(x - max) / sum exp(x - max): a max sweep, a sum sweep, a write sweep;
-// with the row in registers (K > 0) the row is read from memory once.
+// with the row in registers (K > 0) it is read from memory once and each exp
+// is computed once.
 template <class T, int K>
 __global__ void softmax_forward_kernel(const T* x, T* y, int64_t rows, int64_t cols) {
   const int64_t row = warp_row();
@@ -21,10 +22,11 @@ __global__ void softmax_forward_kernel(const T* x, T* y, int64_t rows, int64_t c
   r.sweep([&](int k, int64_t j) { mx = max(mx, r.load(k, j)); });
   mx = warp_max(mx);
   const bool all_masked = isinf(mx) && mx < 0;  // every key masked: the row is zeros
+  const auto shifted_exp = [&](T v) { return all_masked ? T(0) : exp(v - mx); };
   T sum = 0;
-  r.sweep([&](int k, int64_t j) { sum += all_masked ? T(0) : exp(r.get(k, j) - mx); });
+  r.sweep([&](int k, int64_t j) { sum += r.transform(k, j, shifted_exp); });
   const T inv = all_masked ? T(0) : T(1) / warp_sum(sum);
-  r.sweep([&](int k, int64_t j) { y[row * cols + j] = all_masked ? T(0) : exp(r.get(k, j) - mx) * inv; });
+  r.sweep([&](int k, int64_t j) { y[row * cols + j] = r.transformed(k, j, shifted_exp) * inv; });
 }
 
 // gx = y * (g - sum(g * y)): a dot sweep, then a write sweep.
