@@ -18,11 +18,12 @@ Tensor mean(const Tensor& x);
 // Sums x down to `shape`, which x's shape broadcasts from.
 Tensor sum_to(const Tensor& x, const Shape& shape);
 
-// Column sums out[c] = sum_r value(r, c) in two stages, so that tall-narrow and
-// short-wide problems both fill the device: partial sums over chunks of
-// kColumnChunk rows, one work item per (chunk, column) — neighbouring items
-// read neighbouring columns, so loads coalesce — then a sum over the chunks.
-constexpr int64_t kColumnChunk = 64;
+// Column sums out[c] = sum_r value(r, c), so that tall-narrow and short-wide
+// problems both fill the device: partial sums over chunks of kColumnChunk rows,
+// one work item per (chunk, column) — neighbouring items read neighbouring
+// columns, so loads coalesce — then the same again over the partials, until
+// one chunk is left.
+constexpr int64_t kColumnChunk = 16;
 
 template <class T, class Value>
 struct ColumnChunkSum {
@@ -39,18 +40,6 @@ struct ColumnChunkSum {
 };
 
 template <class T>
-struct ColumnChunkTotal {
-  const T* partial;
-  T* out;
-  int64_t chunks, cols;
-  TG_HD void operator()(int64_t c) const {
-    T acc = 0;
-    for (int64_t k = 0; k < chunks; ++k) acc += partial[k * cols + c];
-    out[c] = acc;
-  }
-};
-
-template <class T>
 struct ReadValue {  // value(r, c) = x[r, c] of a contiguous [rows, cols]
   const T* x;
   int64_t cols;
@@ -59,10 +48,14 @@ struct ReadValue {  // value(r, c) = x[r, c] of a contiguous [rows, cols]
 
 template <class T, class Loop, class Value>
 void column_sums_with(const Loop& loop, const Value& value, int64_t rows, int64_t cols, T* out, Device device) {
+  if (rows <= kColumnChunk) {
+    loop(cols, ColumnChunkSum<T, Value>{value, out, rows, cols});
+    return;
+  }
   const int64_t chunks = (rows + kColumnChunk - 1) / kColumnChunk;
   const Tensor partial = empty({chunks, cols}, {dtype_of<T>(), device});
   loop(chunks * cols, ColumnChunkSum<T, Value>{value, partial.data<T>(), rows, cols});
-  loop(cols, ColumnChunkTotal<T>{partial.data<T>(), out, chunks, cols});
+  column_sums_with(loop, ReadValue<T>{partial.data<T>(), cols}, chunks, cols, out, device);
 }
 
 // Kernels on a contiguous x viewed as [rows, cols]:
