@@ -70,15 +70,22 @@ struct WarpRow {
   }
 };
 
-// Calls launch(integral_constant<int, K>) with the smallest K in {1, 4, 16, 32}
-// such that 32 K >= cols, or K = 0 (no register cache) for longer rows.
-template <class Launch>
+// Calls launch(integral_constant<int, K>) with the smallest K in {1, 4, 16, 32},
+// K <= kMaxK, such that 32 K >= cols, or K = 0 (no register cache) for longer
+// rows. A kernel whose K = 32 variant needs too many registers to keep a wave
+// of blocks resident caps kMaxK at 16.
+template <int kMaxK = 32, class Launch>
 void with_row_registers(int64_t cols, const Launch& launch) {
+  static_assert(kMaxK == 16 || kMaxK == 32, "with_row_registers: kMaxK is 16 or 32");
   if (cols <= 32) launch(std::integral_constant<int, 1>{});
   else if (cols <= 128) launch(std::integral_constant<int, 4>{});
   else if (cols <= 512) launch(std::integral_constant<int, 16>{});
-  else if (cols <= 1024) launch(std::integral_constant<int, 32>{});
-  else launch(std::integral_constant<int, 0>{});
+  else if constexpr (kMaxK == 32) {
+    if (cols <= 1024) launch(std::integral_constant<int, 32>{});
+    else launch(std::integral_constant<int, 0>{});
+  } else {
+    launch(std::integral_constant<int, 0>{});
+  }
 }
 
 // Row kernels run one warp per row, this many rows per block.
