@@ -160,6 +160,11 @@ TEST_CASE("gradcheck/narrow") {
   expect_gradcheck([](const V& t) { return t[0].narrow(1, 1, 2); }, {randn64({2, 4, 3})});
   expect_gradcheck([](const V& t) { return t[0].narrow(0, 0, 1); }, {randn64({3})});
 }
+TEST_CASE("gradcheck/unsqueeze and squeeze") {
+  expect_gradcheck([](const V& t) { return t[0].unsqueeze(1); }, {randn64({2, 3})});
+  expect_gradcheck([](const V& t) { return t[0].transpose(0, 2).squeeze(1); }, {randn64({3, 1, 2})});
+}
+
 TEST_CASE("gradcheck/expand") {
   expect_gradcheck([](const V& t) { return t[0].expand({2, 3, 4}); }, {randn64({3, 1})});
 }
