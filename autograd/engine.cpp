@@ -37,22 +37,28 @@ Tape& tape() {
   return t;
 }
 
-void accumulate_into_leaf(TensorImpl& leaf, const Tensor& g) {
-  if (!leaf.grad) {
-    leaf.grad = g.clone().impl();
-  } else {
+// A gradient nothing else references (its tensor and its storage held only
+// here) can become .grad() itself instead of being copied.
+bool can_steal(const Tensor& g) {
+  return g.impl().use_count() == 1 && g.impl()->storage.use_count() == 1 && g.is_contiguous() && !g.requires_grad();
+}
+
+void accumulate_into_leaf(TensorImpl& leaf, Tensor g) {
+  if (leaf.grad) {
     Tensor(leaf.grad).add_(g);
+  } else {
+    leaf.grad = can_steal(g) ? g.impl() : g.clone().impl();
   }
 }
 
-void accumulate(const Edge& edge, const Tensor& g, const Node& from, size_t input) {
+void accumulate(const Edge& edge, Tensor g, const Node& from, size_t input) {
   if (!edge.leaf && !edge.node) return;  // this input does not require grad
   TG_CHECK(g.shape() == edge.shape, "backward: op '", from.name, "' returned a gradient of shape ",
            g.shape(), " for its input ", input, " of shape ", edge.shape);
   if (edge.leaf) {
-    accumulate_into_leaf(*edge.leaf, g);
+    accumulate_into_leaf(*edge.leaf, std::move(g));
   } else if (edge.node) {
-    edge.node->grad = edge.node->grad.defined() ? add(edge.node->grad, g) : g;
+    edge.node->grad = edge.node->grad.defined() ? add(edge.node->grad, g) : std::move(g);
   }
 }
 
@@ -137,11 +143,11 @@ void backward(const Tensor& root, const Tensor& seed_in, bool retain_graph) {
     if (!n || !n->grad.defined()) continue;
     TG_CHECK(!n->released, "backward: op '", n->name, "' was already freed by an earlier "
              "backward(); pass retain_graph=true to the first call");
-    const std::vector<Tensor> grads = n->backward(n->grad, n->saved);
+    std::vector<Tensor> grads = n->backward(n->grad, n->saved);
     TG_CHECK(grads.size() == n->edges.size(), "backward: op '", n->name, "' returned ",
              grads.size(), " gradients for ", n->edges.size(), " inputs");
     for (size_t k = 0; k < grads.size(); ++k)
-      if (grads[k].defined()) accumulate(n->edges[k], grads[k], *n, k);
+      if (grads[k].defined()) accumulate(n->edges[k], std::move(grads[k]), *n, k);
     n->grad = Tensor();
     visited.push_back(n);
   }

@@ -117,3 +117,21 @@ TEST_CASE("autograd/only the part of the tape behind the root runs") {
   tg::sum(b).backward();
   CHECK(x.grad().item() == doctest::Approx(7));
 }
+
+TEST_CASE("autograd/a leaf's gradient never aliases another tensor") {
+  // exp's gradient is a fresh tensor (taken over as .grad); clone's is the seed
+  // itself (copied); a leaf root gets the seed (copied).
+  tg::Tensor x = tg::from_vector({0, 1}, {2}).requires_grad_();
+  tg::exp(x).backward(tg::ones({2}));
+  CHECK(x.grad().to_vector()[1] == doctest::Approx(std::exp(1.0)));
+  tg::Tensor y = tg::from_vector({1, 2}, {2}).requires_grad_();
+  tg::Tensor seed = tg::ones({2});
+  tg::clone(y).backward(seed);
+  CHECK_FALSE(y.grad().same_storage(seed));
+  seed.fill_(5.0);
+  CHECK(y.grad().to_vector() == std::vector<double>{1, 1});
+  tg::Tensor z = tg::zeros({2}).requires_grad_();
+  z.backward(seed);
+  CHECK_FALSE(z.grad().same_storage(seed));
+  CHECK(z.grad().to_vector() == std::vector<double>{5, 5});
+}
