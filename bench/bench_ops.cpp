@@ -59,10 +59,11 @@ struct Row {
   double ms, bytes, flops;
 };
 
-// Times the forward of `forward` and the backward closure of the node it records.
+// Times the forward of `forward` and the backward closure of the node it
+// records; a pass with 0 bytes (a view: no kernel) is not timed.
 void time_op(Timer& timer, std::vector<Row>& rows, const std::string& name, const std::function<tg::Tensor()>& forward,
              double fwd_bytes, double bwd_bytes, double fwd_flops = 0, double bwd_flops = 0) {
-  rows.push_back({name, "forward", timer.median_ms([&] { tg::NoGradGuard g; forward(); }), fwd_bytes, fwd_flops});
+  if (fwd_bytes > 0) rows.push_back({name, "forward", timer.median_ms([&] { tg::NoGradGuard g; forward(); }), fwd_bytes, fwd_flops});
   const tg::Tensor out = forward();
   if (!out.grad_fn() || bwd_bytes == 0) return;
   const tg::Tensor grad = tg::randn(out.shape()).cuda();
@@ -109,6 +110,8 @@ int main(int argc, char** argv) {
   const double N4 = double(B) * H * S * S, NC = double(B) * S * C, N4C = 4 * NC;
   const tg::Tensor scores = on_gpu(tg::randn({B, H, S, S})), scores2 = on_gpu(tg::randn({B, H, S, S}));
   const tg::Tensor wide = on_gpu(tg::randn({B, S, 4 * C}));
+  const tg::Tensor wide_positive = on_gpu(tg::add(tg::rand({B, S, 4 * C}), 0.5));
+  const tg::Tensor positive = on_gpu(tg::add(tg::rand({B, H, S, S}), 0.5));
   const tg::Tensor hidden = on_gpu(tg::randn({B, S, C})), hidden2 = on_gpu(tg::randn({B, S, C}));
   const tg::Tensor key_mask = tg::dropout_mask({B, 1, 1, S}, 0.1, {1, 1}).cuda();
   const tg::Tensor E = on_gpu(tg::mul(tg::randn({H, M, M}), 0.02)), w_in = on_gpu(tg::randn({H, 1, 1})),
@@ -117,10 +120,16 @@ int main(int argc, char** argv) {
   const tg::Tensor q = on_gpu(tg::randn({B, H, S, D})), k = on_gpu(tg::randn({B, H, S, D}));
   const tg::Tensor W = on_gpu(tg::mul(tg::randn({3 * C, C}), 0.02)), bias = on_gpu(tg::zeros({3 * C}));
   const tg::Tensor ln_w = on_gpu(tg::ones({C})), ln_b = on_gpu(tg::zeros({C}));
+  const tg::Tensor qkv_out = on_gpu(tg::randn({B, S, 3 * C}));
 
   time_op(timer, rows, "add [B,H,S,S]", [&] { return tg::add(scores, scores2); }, 3 * N4 * f, 0);
   time_op(timer, rows, "mul [B,H,S,S]", [&] { return tg::mul(scores, scores2); }, 3 * N4 * f, 6 * N4 * f);
+  time_op(timer, rows, "sub [B,H,S,S]", [&] { return tg::sub(scores, scores2); }, 3 * N4 * f, 2 * N4 * f);
+  time_op(timer, rows, "div [B,H,S,S]", [&] { return tg::div(scores, positive); }, 3 * N4 * f, 9 * N4 * f);
   time_op(timer, rows, "exp [B,S,4C]", [&] { return tg::exp(wide); }, 2 * N4C * f, 3 * N4C * f);
+  time_op(timer, rows, "log [B,S,4C]", [&] { return tg::log(wide_positive); }, 2 * N4C * f, 3 * N4C * f);
+  time_op(timer, rows, "tanh [B,S,4C]", [&] { return tg::tanh(wide); }, 2 * N4C * f, 3 * N4C * f);
+  time_op(timer, rows, "relu [B,S,4C]", [&] { return tg::relu(wide); }, 2 * N4C * f, 3 * N4C * f);
   time_op(timer, rows, "gelu [B,S,4C]", [&] { return tg::gelu(wide); }, 2 * N4C * f, 3 * N4C * f);
   time_op(timer, rows, "silu [B,S,4C]", [&] { return tg::silu(wide); }, 2 * N4C * f, 3 * N4C * f);
   time_op(timer, rows, "softmax [B,H,S,S]", [&] { return tg::softmax(scores); }, 2 * N4 * f, 3 * N4 * f);
@@ -136,6 +145,9 @@ int main(int argc, char** argv) {
     // The backward of sum and of a permuted copy is a view: no kernel, not timed.
   time_op(timer, rows, "sum over tokens [B*S,C]->[C]", [&] { return tg::sum(hidden, {0, 1}); }, NC * f, 0);
   time_op(timer, rows, "sum last dim [B,H,S,S]", [&] { return tg::sum(scores, {3}); }, N4 * f, 0);
+  time_op(timer, rows, "mean over tokens [B*S,C]->[C]", [&] { return tg::mean(hidden, {0, 1}); }, NC * f, NC * f);
+  // narrow's forward is a view; its backward writes zeros and the slice: one [B,S,3C] pass.
+  time_op(timer, rows, "narrow [B,S,3C] -> [B,S,C]", [&] { return qkv_out.narrow(2, C, C); }, 0, 3 * NC * f);
   time_op(timer, rows, "mse_loss [B,S,C]", [&] { return tg::mse_loss(hidden, hidden2); }, 2 * NC * f, 3 * NC * f);
   time_op(timer, rows, "contiguous(permute) [B,S,H,D]", [&] { return hidden.view({B, S, H, D}).permute({0, 2, 1, 3}).contiguous(); },
           2 * NC * f, 0);
