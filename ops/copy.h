@@ -32,8 +32,9 @@ template <class T>
 struct FillStrided {
   T* dst;
   StridedIndexer idx;
+  bool contiguous;  // index i is offset i: no index arithmetic
   T value;
-  TG_HD void operator()(int64_t i) const { dst[idx.offset(i)] = value; }
+  TG_HD void operator()(int64_t i) const { dst[contiguous ? i : idx.offset(i)] = value; }
 };
 
 // Device-generic launchers: `loop` is cpu::Loop or cuda::Loop.
@@ -61,7 +62,7 @@ template <class Loop>
 void fill_with(const Loop& loop, const Tensor& dst, double value) {
   TG_DISPATCH_FLOAT(dst.dtype(), T, [&] {
     loop(dst.numel(), FillStrided<T>{dst.data<T>(), make_indexer(loop.op, dst.shape(), dst.strides()),
-                                     static_cast<T>(value)});
+                                     dst.is_contiguous(), static_cast<T>(value)});
   });
 }
 
