@@ -6,6 +6,8 @@
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
+#include "core/dtype.h"
+
 namespace tg::cuda {
 
 struct Context {
@@ -22,6 +24,19 @@ inline cudaStream_t stream() { return context().stream; }
 void check(cudaError_t status, const char* op, const char* call);
 void check(cublasStatus_t status, const char* op, const char* call);
 void check(cudnnStatus_t status, const char* op, const char* call);
+
+// A host scalar (alpha, beta) in the precision that cuBLAS and cuDNN expect for
+// a tensor of `dtype`: double for float64, float for float32.
+class HostScalar {
+ public:
+  HostScalar(double value, DType dtype) : f32_(static_cast<float>(value)), f64_(value), dtype_(dtype) {}
+  const void* get() const { return dtype_ == DType::Float64 ? static_cast<const void*>(&f64_) : &f32_; }
+
+ private:
+  float f32_;
+  double f64_;
+  DType dtype_;
+};
 
 // After a kernel launch: raises launch errors, and in sync-debug mode waits
 // for the kernel so that a fault inside it is reported against `op`.

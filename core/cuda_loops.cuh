@@ -7,6 +7,7 @@
 
 #include "core/cuda_context.h"
 #include "core/map_args.h"
+#include "core/pack.h"
 
 namespace tg::cuda {
 
@@ -29,11 +30,6 @@ void for_each(const char* op, int64_t n, const F& f) {
   for_each_kernel<<<grid_for(n), kThreads, 0, stream()>>>(n, f);
   check_launch(op);
 }
-
-template <class T, int V>
-struct alignas(16) Pack {
-  T v[V];
-};
 
 // Loads operand k of elements i0 .. i0+V-1, which lie in one innermost row.
 template <class T, int N, int V>
@@ -116,7 +112,7 @@ __global__ void map_kernel(MapArgs<T, N> a, F f, MapPath path) {
 template <class T, int N>
 MapPath choose_path(const MapArgs<T, N>& a) {
   constexpr int V = 16 / sizeof(T);
-  if (reinterpret_cast<uintptr_t>(a.out) % 16 != 0) return MapPath::Scalar;
+  if (!aligned16(a.out)) return MapPath::Scalar;
   bool all_vector = true;
   for (int k = 0; k < N; ++k) {
     all_vector = all_vector && a.run[k] == RunKind::Vector;

@@ -5,6 +5,7 @@
 #include <array>
 
 #include "core/indexing.h"
+#include "core/pack.h"
 #include "core/tensor.h"
 
 namespace tg {
@@ -47,8 +48,7 @@ MapArgs<T, N> make_map_args(const char* op, const Tensor& out, const std::array<
   for (int k = 0; k < N; ++k) {
     a.in_idx[k] = make_indexer(op, shape, strides[k]);
     const int64_t inner_stride = shape.empty() ? 1 : strides[k].back();
-    const bool aligned = reinterpret_cast<uintptr_t>(a.in[k]) % 16 == 0;
-    a.run[k] = a.in_contiguous[k] && aligned ? RunKind::Vector
+    a.run[k] = a.in_contiguous[k] && aligned16(a.in[k]) ? RunKind::Vector
                : inner_stride == 1           ? RunKind::Stride1
                : inner_stride == 0           ? RunKind::Broadcast
                                              : RunKind::Gather;

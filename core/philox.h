@@ -63,6 +63,4 @@ TG_HD double philox_normal(PhiloxState s, int64_t i) {
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
 }
 
-// The dropout keep decision for element i: philox_uniform(s, i) >= p, with p the drop probability.
-
 }  // namespace tg

@@ -126,6 +126,12 @@ Tensor make_view(const Tensor& t, Shape shape, Shape strides, int64_t offset);
 
 std::ostream& operator<<(std::ostream& os, const Tensor& t);
 
+// t's data, or nullptr for an undefined (optional) tensor.
+template <class T>
+T* data_or_null(const Tensor& t) {
+  return t.defined() ? t.data<T>() : nullptr;
+}
+
 // Throws naming `op` and `arg` unless t is defined.
 void check_defined(const char* op, const char* arg, const Tensor& t);
 // Throws naming `op` unless a and b share dtype and device.

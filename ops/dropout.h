@@ -10,7 +10,7 @@
 
 #include "core/hd.h"
 #include "core/philox.h"
-#include "core/quad.h"
+#include "core/pack.h"
 #include "core/tensor.h"
 
 namespace tg {
@@ -68,9 +68,9 @@ void dropout_with(const Loop& loop, const Tensor& x, const Tensor& mask, PhiloxS
                   const Tensor& out) {
   const int64_t n = out.numel();
   TG_DISPATCH_FLOAT(out.dtype(), T, [&] {
-    const T* in = x.defined() ? x.data<T>() : nullptr;
-    const T* m = mask.defined() ? mask.data<T>() : nullptr;
-    const bool aligned = quad_aligned(in) && quad_aligned(m) && quad_aligned(out.data<T>());
+    const T* in = data_or_null<T>(x);
+    const T* m = data_or_null<T>(mask);
+    const bool aligned = aligned16(in) && aligned16(m) && aligned16(out.data<T>());
     loop((n + 3) / 4, DropoutApply<T>{in, m, out.data<T>(), n, rng, static_cast<float>(p), static_cast<T>(1.0 / (1.0 - p)),
                                       aligned});
   });

@@ -54,7 +54,7 @@ void edit_bias_forward(const Tensor& E, const Tensor& within, const Tensor& cros
 
 void edit_bias_backward(const Tensor& g, const Tensor& e, const Tensor& dE, const Tensor& within_rows,
                         const Tensor& cross_rows, EditBiasDims d) {
-  const bool vector = edit_bias_backward_vector(g, dE, d);
+  const bool vector = edit_bias_quads_fit(d, g, dE);
   TG_DISPATCH_FLOAT(g.dtype(), T, [&] {
     parallel_for(d.H * d.M, [&](int64_t row) {  // row = (h, i)
       const int64_t h = row / d.M, i = row % d.M;

@@ -42,7 +42,7 @@ void edit_bias_forward(const Tensor& E, const Tensor& within, const Tensor& cros
 void edit_bias_backward(const Tensor& g, const Tensor& e, const Tensor& dE, const Tensor& within_rows,
                         const Tensor& cross_rows, EditBiasDims d) {
   if (d.H * d.M == 0) return;
-  const bool vector = edit_bias_backward_vector(g, dE, d);
+  const bool vector = edit_bias_quads_fit(d, g, dE);
   TG_DISPATCH_FLOAT(g.dtype(), T, [&] {
     edit_bias_backward_kernel<<<row_blocks(d.H * d.M), 32 * kRowsPerBlock, 0, stream()>>>(
         g.data<T>(), e.data<T>(), dE.data<T>(), within_rows.data<T>(), cross_rows.data<T>(), d, vector);

@@ -12,7 +12,7 @@
 #pragma once
 #include "core/hd.h"
 #include "core/indexing.h"
-#include "core/quad.h"
+#include "core/pack.h"
 #include "core/tensor.h"
 
 namespace tg {
@@ -37,7 +37,7 @@ struct EditBiasForward {
   T* out;
   EditBiasDims d;
   int64_t quads_per_row;  // ceil(S / 4)
-  bool narrow, vector;    // vector: S and M multiples of 4, E and out Quad-aligned
+  bool narrow, vector;    // vector: see edit_bias_quads_fit
 
   TG_HD T value(int64_t b, int64_t h, T ei, int64_t j, T Eij) const {
     const T ej = e[b * d.S + j];
@@ -62,21 +62,27 @@ struct EditBiasForward {
   }
 };
 
+// Rows of S (the [B,H,S,S] side) and of M (the [H,M,M] side) can be read and
+// written as Quads: both are multiples of 4 and both base pointers are aligned.
+inline bool edit_bias_quads_fit(EditBiasDims d, const Tensor& bsss, const Tensor& hmm) {
+  return d.S % 4 == 0 && d.M % 4 == 0 && aligned16(bsss.raw_data()) && aligned16(hmm.raw_data());
+}
+
 template <class Loop>
 void edit_bias_forward_with(const Loop& loop, const Tensor& E, const Tensor& within, const Tensor& cross,
                             const Tensor& e, const Tensor& out, EditBiasDims d) {
   const int64_t quads = (d.S + 3) / 4;
   TG_DISPATCH_FLOAT(E.dtype(), T, [&] {
-    const bool vector = d.S % 4 == 0 && d.M % 4 == 0 && quad_aligned(E.data<T>()) && quad_aligned(out.data<T>());
     loop(d.B * d.H * d.S * quads, EditBiasForward<T>{E.data<T>(), within.data<T>(), cross.data<T>(), e.data<T>(),
-                                                     out.data<T>(), d, quads, d.narrow(), vector});
+                                                     out.data<T>(), d, quads, d.narrow(),
+                                                     edit_bias_quads_fit(d, out, E)});
   });
 }
 
 // The gradient at positions (h, i, j0 .. j0+3) of [H, M, M], summed over the
 // batch: dE for each of the four (0 outside the S x S corner) and their shares
-// of the within/cross sums. With `vector` (S and M multiples of 4, g and dE
-// Quad-aligned) each batch's four g values are one Quad load.
+// of the within/cross sums. With `vector` (edit_bias_quads_fit(d, g, dE)) each
+// batch's four g values are one Quad load.
 template <class T>
 struct EditBiasGradQuad {
   Quad<T> dE{};
@@ -113,11 +119,6 @@ TG_HD void store_edit_bias_quad(T* row, int64_t j0, const Quad<T>& q, int64_t M,
     return;
   }
   for (int l = 0; l < 4 && j0 + l < M; ++l) row[j0 + l] = q.v[l];
-}
-
-inline bool edit_bias_backward_vector(const Tensor& g, const Tensor& dE, EditBiasDims d) {
-  return d.S % 4 == 0 && d.M % 4 == 0 &&
-         TG_DISPATCH_FLOAT(g.dtype(), T, [&] { return quad_aligned(g.data<T>()) && quad_aligned(dE.data<T>()); });
 }
 
 // Kernels on contiguous tensors. Backward writes dE [H,M,M] and, per row

@@ -47,7 +47,7 @@ namespace cpu {
 void layer_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& y,
                         const Tensor& mean, const Tensor& rstd, LayerNormDims d) {
   TG_DISPATCH_FLOAT(x.dtype(), T, [&] {
-    const T *xp = x.data<T>(), *wp = w.defined() ? w.data<T>() : nullptr, *bp = b.defined() ? b.data<T>() : nullptr;
+    const T *xp = x.data<T>(), *wp = data_or_null<T>(w), *bp = data_or_null<T>(b);
     T *yp = y.data<T>(), *mp = mean.data<T>(), *rp = rstd.data<T>();
     parallel_for(d.rows, [&](int64_t r) {
       const T* xr = xp + r * d.cols;
@@ -69,7 +69,7 @@ void layer_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b, doubl
 void layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
                          const Tensor& g, const Tensor& gx, const Tensor& dw, const Tensor& db, LayerNormDims d) {
   TG_DISPATCH_FLOAT(x.dtype(), T, [&] {
-    const T *xp = x.data<T>(), *wp = w.defined() ? w.data<T>() : nullptr, *gp = g.data<T>();
+    const T *xp = x.data<T>(), *wp = data_or_null<T>(w), *gp = g.data<T>();
     const T *mp = mean.data<T>(), *rp = rstd.data<T>();
     T* out = gx.data<T>();
     parallel_for(d.rows, [&](int64_t r) {

@@ -51,9 +51,6 @@ __global__ void layer_norm_backward_kernel(const T* x, const T* w, const T* mean
   });
 }
 
-template <class T>
-const T* optional_data(const Tensor& t) { return t.defined() ? t.data<T>() : nullptr; }
-
 }  // namespace
 
 void layer_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& y,
@@ -63,7 +60,7 @@ void layer_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b, doubl
     // K = 32 takes 125 registers here (2 blocks per SM): rows over 512 stream instead.
     with_row_registers<16>(d.cols, [&](auto k) {
       layer_norm_forward_kernel<T, decltype(k)::value><<<row_blocks(d.rows), 32 * kRowsPerBlock, 0, stream()>>>(
-          x.data<T>(), optional_data<T>(w), optional_data<T>(b), static_cast<T>(eps), y.data<T>(), mean.data<T>(),
+          x.data<T>(), data_or_null<T>(w), data_or_null<T>(b), static_cast<T>(eps), y.data<T>(), mean.data<T>(),
           rstd.data<T>(), d);
     });
   });
@@ -76,7 +73,7 @@ void layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, c
   TG_DISPATCH_FLOAT(x.dtype(), T, [&] {
     with_row_registers(d.cols, [&](auto k) {
       layer_norm_backward_kernel<T, decltype(k)::value><<<row_blocks(d.rows), 32 * kRowsPerBlock, 0, stream()>>>(
-          x.data<T>(), optional_data<T>(w), mean.data<T>(), rstd.data<T>(), g.data<T>(), gx.data<T>(), d);
+          x.data<T>(), data_or_null<T>(w), mean.data<T>(), rstd.data<T>(), g.data<T>(), gx.data<T>(), d);
     });
   });
   check_launch("layer_norm_backward");

@@ -79,14 +79,6 @@ Tensor with_batch(const char* op, const Tensor& x, const Shape& out_shape) {
   return broadcast_view(op, x, s);
 }
 
-// Sums over every token: g [..., out] -> [out], as ones[1, N] @ g[N, out] in full fp32.
-Tensor token_sum(const Tensor& g2) {
-  Tensor ones_row = full({1, g2.shape()[0]}, 1.0, {g2.dtype(), g2.device()});
-  Tensor out = empty({1, g2.shape()[1]}, {g2.dtype(), g2.device()});
-  gemm_into("linear", ones_row, g2, out, 0.0, MatmulPrecision::Highest);
-  return out.view({g2.shape()[1]});
-}
-
 }  // namespace
 
 void gemm_into(const char* op, const Tensor& a_in, const Tensor& b_in, const Tensor& c, double beta,
@@ -151,7 +143,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, MatmulPrecision
     const Tensor g2 = rows_view(materialize(g), w.shape()[0]);
     Tensor gx = matmul(g2, w, precision).view(x_shape);
     Tensor gw = matmul(g2.transpose(0, 1), x2, precision);
-    return Grads{gx, gw, has_bias ? token_sum(g2) : Tensor()};
+    return Grads{gx, gw, has_bias ? sum(g2, {0}) : Tensor()};  // column sums in fp32, whatever the precision
   });
 }
 

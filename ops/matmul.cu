@@ -37,17 +37,14 @@ void gemm(const GemmProblem& p) {
   }
   const StridedIndexer ia = make_indexer("matmul", outer_sizes, sa), ib = make_indexer("matmul", outer_sizes, sb),
                        ic = make_indexer("matmul", outer_sizes, sc);
-  const float alpha32 = 1.0f, beta32 = static_cast<float>(p.beta);
-  const double alpha64 = 1.0, beta64 = p.beta;
-  const void* alpha = p.dtype == DType::Float64 ? static_cast<const void*>(&alpha64) : &alpha32;
-  const void* beta = p.dtype == DType::Float64 ? static_cast<const void*>(&beta64) : &beta32;
+  const HostScalar alpha(1.0, p.dtype), beta(p.beta, p.dtype);
   for (int64_t i = 0; i < numel(outer_sizes); ++i) {
     const char* A = static_cast<const char*>(p.a.ptr) + ia.offset(i) * elem;
     const char* B = static_cast<const char*>(p.b.ptr) + ib.offset(i) * elem;
     char* C = static_cast<char*>(p.c.ptr) + ic.offset(i) * elem;
     TG_CUDA_CHECK(cublasGemmStridedBatchedEx(context().cublas, b.op, a.op, static_cast<int>(p.m), static_cast<int>(p.n),
-                                             static_cast<int>(p.k), alpha, B, type, static_cast<int>(b.ld),
-                                             inner.stride_b, A, type, static_cast<int>(a.ld), inner.stride_a, beta, C,
+                                             static_cast<int>(p.k), alpha.get(), B, type, static_cast<int>(b.ld),
+                                             inner.stride_b, A, type, static_cast<int>(a.ld), inner.stride_a, beta.get(), C,
                                              type, static_cast<int>(p.c.row_stride), inner.stride_c,
                                              static_cast<int>(inner.size), compute_type(p), CUBLAS_GEMM_DEFAULT),
                   "matmul");

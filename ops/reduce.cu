@@ -41,12 +41,9 @@ void sum_rows_typed(const T* x, T* out, int64_t rows, int64_t cols) {
   // Few long rows: split each into chunks (>= 4096 elements) so ~4 blocks run per SM, then sum the chunks.
   const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>((4 * sms + rows - 1) / rows, cols / 4096));
   const int blocks = static_cast<int>(std::min<int64_t>(rows * chunks, 65535));
-  if (chunks == 1) {
-    sum_segments_kernel<<<blocks, 256, 0, stream()>>>(x, out, rows, cols, 1);
-    return;
-  }
-  const Tensor partial = empty({rows, chunks}, {dtype_of<T>(), Device::CUDA});
-  sum_segments_kernel<<<blocks, 256, 0, stream()>>>(x, partial.data<T>(), rows, cols, chunks);
+  const Tensor partial = chunks > 1 ? empty({rows, chunks}, {dtype_of<T>(), Device::CUDA}) : Tensor();
+  sum_segments_kernel<<<blocks, 256, 0, stream()>>>(x, chunks > 1 ? partial.data<T>() : out, rows, cols, chunks);
+  if (chunks == 1) return;
   check_launch("sum");
   sum_rows_typed(partial.data<T>(), out, rows, chunks);
 }

@@ -42,18 +42,13 @@ __global__ void softmax_backward_kernel(const T* y, const T* g, T* gx, int64_t r
   yr.sweep([&](int k, int64_t j) { gx[row * cols + j] = yr.get(k, j) * (gr.get(k, j) - dot); });
 }
 
-constexpr float kOne32 = 1, kZero32 = 0;
-constexpr double kOne64 = 1, kZero64 = 0;
-
 // A [rows, cols, 1, 1] descriptor: cuDNN's "instance" softmax then runs over
-// cols. Also hands out the alpha = 1, beta = 0 scalars of the tensor's dtype.
+// cols. Also holds the alpha = 1, beta = 0 scalars of the tensor's dtype.
 struct RowsDescriptor {
   cudnnTensorDescriptor_t desc = nullptr;
-  bool f64 = false;
-  const void* one() const { return f64 ? static_cast<const void*>(&kOne64) : &kOne32; }
-  const void* zero() const { return f64 ? static_cast<const void*>(&kZero64) : &kZero32; }
+  HostScalar one, zero;
 
-  RowsDescriptor(const Tensor& t, int64_t rows, int64_t cols) : f64(t.dtype() == DType::Float64) {
+  RowsDescriptor(const Tensor& t, int64_t rows, int64_t cols) : one(1.0, t.dtype()), zero(0.0, t.dtype()) {
     TG_CHECK(rows <= INT32_MAX && cols <= INT32_MAX, "softmax (cuDNN): ", rows, " x ", cols, " exceeds cuDNN's int sizes");
     TG_CUDA_CHECK(cudnnCreateTensorDescriptor(&desc), "softmax (cuDNN)");
     TG_CUDA_CHECK(cudnnSetTensor4dDescriptor(desc, CUDNN_TENSOR_NCHW,
@@ -96,8 +91,8 @@ void softmax_backward(const Tensor& y, const Tensor& g, const Tensor& gx, int64_
 void softmax_forward_cudnn(const Tensor& x, const Tensor& y, int64_t rows, int64_t cols) {
   if (rows == 0) return;
   const RowsDescriptor d(x, rows, cols);
-  TG_CUDA_CHECK(cudnnSoftmaxForward(context().cudnn, CUDNN_SOFTMAX_ACCURATE, CUDNN_SOFTMAX_MODE_INSTANCE, d.one(),
-                                    d.desc, x.raw_data(), d.zero(), d.desc, y.raw_data()),
+  TG_CUDA_CHECK(cudnnSoftmaxForward(context().cudnn, CUDNN_SOFTMAX_ACCURATE, CUDNN_SOFTMAX_MODE_INSTANCE, d.one.get(),
+                                    d.desc, x.raw_data(), d.zero.get(), d.desc, y.raw_data()),
                 "softmax (cuDNN)");
   check_launch("softmax (cuDNN)");
 }
@@ -105,8 +100,8 @@ void softmax_forward_cudnn(const Tensor& x, const Tensor& y, int64_t rows, int64
 void softmax_backward_cudnn(const Tensor& y, const Tensor& g, const Tensor& gx, int64_t rows, int64_t cols) {
   if (rows == 0) return;
   const RowsDescriptor d(y, rows, cols);
-  TG_CUDA_CHECK(cudnnSoftmaxBackward(context().cudnn, CUDNN_SOFTMAX_ACCURATE, CUDNN_SOFTMAX_MODE_INSTANCE, d.one(),
-                                     d.desc, y.raw_data(), d.desc, g.raw_data(), d.zero(), d.desc, gx.raw_data()),
+  TG_CUDA_CHECK(cudnnSoftmaxBackward(context().cudnn, CUDNN_SOFTMAX_ACCURATE, CUDNN_SOFTMAX_MODE_INSTANCE, d.one.get(),
+                                     d.desc, y.raw_data(), d.desc, g.raw_data(), d.zero.get(), d.desc, gx.raw_data()),
                 "softmax_backward (cuDNN)");
   check_launch("softmax_backward (cuDNN)");
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build with CUDA for sm_90, run the CPU and GPU
-# suites, compute-sanitizer memcheck and racecheck over the GPU suite, the op
-# benchmarks and the demo. Logs go to $OUT (default /tmp/tg-out).
+# suites, compute-sanitizer memcheck, racecheck and synccheck over the GPU
+# suite, the op benchmarks and the demo. Logs go to $OUT (default /tmp/tg-out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/tg-out}
@@ -19,7 +19,8 @@ step() {  # step NAME LOG COMMAND...: runs, logs, remembers a failure
 }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv >"$OUT/build.log" 2>&1
 BUILD_DIR=build-gpu step build build.log bash scripts/build.sh -DCMAKE_CUDA_ARCHITECTURES=90 -DTG_CUDA=ON
-[ -x build-gpu/tg_cuda_tests ] || { echo "build failed"; tail -n 40 "$OUT/build.log"; exit 1; }
+# A failed build must not fall through to binaries left by an earlier call.
+[ $status -eq 0 ] || { echo "build failed"; tail -n 40 "$OUT/build.log"; exit 1; }
 step "cpu tests" tests.log ./build-gpu/tg_tests
 step "cuda tests" tests.log ./build-gpu/tg_cuda_tests
 step "cuda tests, TG_CUDA_SYNC=1" tests.log env TG_CUDA_SYNC=1 ./build-gpu/tg_cuda_tests
