@@ -1,6 +1,7 @@
 #include "autograd/engine.h"
 
 #include <algorithm>
+#include <unordered_map>
 
 #include "autograd/grad_mode.h"
 #include "core/error.h"
@@ -11,31 +12,7 @@ namespace tg::autograd {
 namespace {
 
 thread_local bool grad_enabled = true;
-
-// The tape: weak references in execution order. Nodes are owned by the tensors
-// they produced and by the nodes downstream of them, so a graph nobody holds
-// disappears from the tape by itself.
-struct Tape {
-  std::vector<std::weak_ptr<Node>> nodes;
-  size_t live_after_compaction = 0;
-
-  void push(const std::shared_ptr<Node>& n) {
-    if (nodes.size() > 2 * live_after_compaction + 1024) compact();
-    nodes.push_back(n);
-  }
-  void compact() {
-    std::erase_if(nodes, [](const std::weak_ptr<Node>& w) {
-      const auto n = w.lock();
-      return !n || n->released;
-    });
-    live_after_compaction = nodes.size();
-  }
-};
-
-Tape& tape() {
-  thread_local Tape t;
-  return t;
-}
+std::atomic<int64_t> node_count{0};
 
 // A gradient nothing else references (its tensor and its storage held only
 // here) can become .grad() itself instead of being copied.
@@ -43,22 +20,13 @@ bool can_steal(const Tensor& g) {
   return g.impl().use_count() == 1 && g.impl()->storage.use_count() == 1 && g.is_contiguous() && !g.requires_grad();
 }
 
+// leaf.grad += g, under the leaf's lock (threads may share a leaf).
 void accumulate_into_leaf(TensorImpl& leaf, Tensor g) {
+  std::lock_guard<std::mutex> lock(leaf.grad_mutex);
   if (leaf.grad) {
     Tensor(leaf.grad).add_(g);
   } else {
     leaf.grad = can_steal(g) ? g.impl() : g.clone().impl();
-  }
-}
-
-void accumulate(const Edge& edge, Tensor g, const Node& from, size_t input) {
-  if (!edge.leaf && !edge.node) return;  // this input does not require grad
-  TG_CHECK(g.shape() == edge.shape, "backward: op '", from.name, "' returned a gradient of shape ",
-           g.shape(), " for its input ", input, " of shape ", edge.shape);
-  if (edge.leaf) {
-    accumulate_into_leaf(*edge.leaf, std::move(g));
-  } else if (edge.node) {
-    edge.node->grad = edge.node->grad.defined() ? add(edge.node->grad, g) : std::move(g);
   }
 }
 
@@ -68,10 +36,118 @@ Tensor default_seed(const Tensor& root) {
   return ones(root.shape(), {root.dtype(), root.device()});
 }
 
+// One backward() call: the graph reachable from the root, the gradients in
+// flight and the leaves' shares, all local to the call.
+class GraphTask {
+ public:
+  GraphTask(bool retain_graph) : retain_graph_(retain_graph) {}
+
+  void run(const std::shared_ptr<Node>& root, const Tensor& seed) {
+    count_dependencies(root.get());
+    pending_[root.get()] = seed;
+    std::vector<std::shared_ptr<Node>> ready{root};
+    while (!ready.empty()) {
+      const std::shared_ptr<Node> node = std::move(ready.back());
+      ready.pop_back();
+      const Tensor grad = take_pending(node.get());
+      const std::vector<Tensor> grads = grad.defined() ? call(*node, grad) : std::vector<Tensor>();
+      for (size_t k = 0; k < node->edges.size(); ++k) {
+        const Edge& edge = node->edges[k];
+        if (k < grads.size() && grads[k].defined() && edge.needs_grad()) send(edge, grads[k], *node, k);
+        if (edge.node && --dependencies_[edge.node.get()] == 0) ready.push_back(edge.node);
+      }
+    }
+    // Only now, with the whole walk done, do the leaves see their gradients.
+    for (auto& [leaf, grad] : leaf_grads_) accumulate_into_leaf(*leaf, std::move(grad));
+  }
+
+ private:
+  // dependencies_[n] = how many edges from reachable nodes point at n.
+  void count_dependencies(Node* root) {
+    dependencies_[root] = 0;
+    std::vector<Node*> stack{root};
+    while (!stack.empty()) {
+      Node* n = stack.back();
+      stack.pop_back();
+      for (const Edge& e : n->edges) {
+        if (!e.node) continue;
+        const auto [it, first_visit] = dependencies_.try_emplace(e.node.get(), 0);
+        ++it->second;
+        if (first_visit) stack.push_back(e.node.get());
+      }
+    }
+  }
+
+  Tensor take_pending(Node* n) {
+    const auto it = pending_.find(n);
+    if (it == pending_.end()) return Tensor();  // no consumer sent a gradient
+    Tensor g = std::move(it->second);
+    pending_.erase(it);
+    return g;
+  }
+
+  std::vector<Tensor> call(Node& n, const Tensor& grad) {
+    std::lock_guard<std::mutex> lock(n.mutex);
+    TG_CHECK(!n.released, "backward: op '", n.name, "' was already freed by an earlier backward(); pass "
+             "retain_graph=true to the first call");
+    std::vector<Tensor> grads = n.backward(grad, n.saved, n.needs);
+    TG_CHECK(grads.size() == n.edges.size(), "backward: op '", n.name, "' returned ", grads.size(),
+             " gradients for ", n.edges.size(), " inputs");
+    if (!retain_graph_) {
+      n.saved.release();
+      n.backward = nullptr;
+      n.released = true;
+    }
+    return grads;
+  }
+
+  // Adds (+=) the gradient g of input k of `from` to where its edge leads.
+  void send(const Edge& edge, const Tensor& g, const Node& from, size_t k) {
+    TG_CHECK(g.shape() == edge.shape, "backward: op '", from.name, "' returned a gradient of shape ", g.shape(),
+             " for its input ", k, " of shape ", edge.shape);
+    if (edge.node) {
+      Tensor& sum = pending_[edge.node.get()];
+      sum = sum.defined() ? add(sum, g) : g;
+      return;
+    }
+    const auto [it, first] = leaf_index_.try_emplace(edge.leaf.get(), leaf_grads_.size());
+    if (first) leaf_grads_.emplace_back(edge.leaf, g);
+    else leaf_grads_[it->second].second = add(leaf_grads_[it->second].second, g);
+  }
+
+  bool retain_graph_;
+  std::unordered_map<Node*, int64_t> dependencies_;
+  std::unordered_map<Node*, Tensor> pending_;  // dL/d(output) gathered so far
+  std::vector<std::pair<std::shared_ptr<TensorImpl>, Tensor>> leaf_grads_;
+  std::unordered_map<TensorImpl*, size_t> leaf_index_;
+};
+
 }  // namespace
 
 bool GradMode::enabled() { return grad_enabled; }
 void GradMode::set_enabled(bool on) { grad_enabled = on; }
+
+Node::Node() { ++node_count; }
+
+Node::~Node() {
+  // Destroying a node releases its producers, whose destructors would release
+  // theirs: a chain of a million nodes would recurse a million deep. Instead,
+  // take over the producers only this node holds and let them die here, one by
+  // one, each with its own producers already moved out.
+  std::vector<std::shared_ptr<Node>> orphans;
+  for (Edge& e : edges)
+    if (e.node) orphans.push_back(std::move(e.node));
+  while (!orphans.empty()) {
+    std::shared_ptr<Node> n = std::move(orphans.back());
+    orphans.pop_back();
+    if (n.use_count() == 1)
+      for (Edge& e : n->edges)
+        if (e.node) orphans.push_back(std::move(e.node));
+  }
+  --node_count;
+}
+
+int64_t live_nodes() { return node_count.load(); }
 
 SavedTensors::SavedTensors(std::vector<Tensor> tensors, std::string op) : op_(std::move(op)) {
   for (const Tensor& t : tensors) {
@@ -91,30 +167,38 @@ const Tensor& SavedTensors::operator[](size_t i) const {
   return t;
 }
 
-Tensor record(const char* name, Tensor out, const std::vector<Tensor>& inputs,
-              std::vector<Tensor> saved, BackwardFn backward) {
-  const bool any_requires = std::any_of(inputs.begin(), inputs.end(), [](const Tensor& t) {
-    return t.defined() && t.requires_grad();
-  });
-  if (!GradMode::enabled() || !any_requires) return out;
+GradMask grad_mask(const std::vector<Tensor>& inputs) {
+  GradMask mask(inputs.size(), false);
+  if (!GradMode::enabled()) return mask;
+  for (size_t i = 0; i < inputs.size(); ++i) mask[i] = inputs[i].defined() && inputs[i].requires_grad();
+  return mask;
+}
 
+Tensor record(std::string name, Tensor out, const std::vector<Tensor>& inputs, std::vector<Tensor> saved,
+              BackwardFn backward) {
+  const GradMask needs = grad_mask(inputs);
+  if (std::none_of(needs.begin(), needs.end(), [](bool b) { return b; })) return out;
   auto node = std::make_shared<Node>();
-  node->name = name;
-  for (const Tensor& in : inputs) {
+  node->name = std::move(name);
+  for (size_t i = 0; i < inputs.size(); ++i) {
     Edge e;
-    if (in.defined() && in.requires_grad()) {
-      e.shape = in.shape();
-      if (in.grad_fn()) e.node = in.grad_fn();
-      else e.leaf = in.impl();
+    if (needs[i]) {
+      e.shape = inputs[i].shape();
+      if (inputs[i].grad_fn()) e.node = inputs[i].grad_fn();
+      else e.leaf = inputs[i].impl();
     }
     node->edges.push_back(std::move(e));
   }
-  node->saved = SavedTensors(std::move(saved), name);
+  node->needs = needs;
+  node->saved = SavedTensors(std::move(saved), node->name);
   node->backward = std::move(backward);
-  out.impl()->grad_fn = node;
+  out.impl()->grad_fn = std::move(node);
   out.impl()->requires_grad = true;
-  tape().push(node);
   return out;
+}
+
+Tensor record(OpId op, Tensor out, const std::vector<Tensor>& inputs, std::vector<Tensor> saved, BackwardFn backward) {
+  return record(std::string(op_name(op)), std::move(out), inputs, std::move(saved), std::move(backward));
 }
 
 void backward(const Tensor& root, const Tensor& seed_in, bool retain_graph) {
@@ -131,40 +215,15 @@ void backward(const Tensor& root, const Tensor& seed_in, bool retain_graph) {
     accumulate_into_leaf(*root.impl(), seed);
     return;
   }
-  const std::shared_ptr<Node>& root_node = root.grad_fn();
-  TG_CHECK(!root_node->released, "backward: the graph behind this tensor (op '", root_node->name,
-           "') was freed by an earlier backward(); pass retain_graph=true to the first call");
-  root_node->grad = seed;
-
-  std::vector<std::shared_ptr<Node>> visited;
-  auto& nodes = tape().nodes;
-  for (size_t i = nodes.size(); i-- > 0;) {
-    const std::shared_ptr<Node> n = nodes[i].lock();
-    if (!n || !n->grad.defined()) continue;
-    TG_CHECK(!n->released, "backward: op '", n->name, "' was already freed by an earlier "
-             "backward(); pass retain_graph=true to the first call");
-    std::vector<Tensor> grads = n->backward(n->grad, n->saved);
-    TG_CHECK(grads.size() == n->edges.size(), "backward: op '", n->name, "' returned ",
-             grads.size(), " gradients for ", n->edges.size(), " inputs");
-    for (size_t k = 0; k < grads.size(); ++k)
-      if (grads[k].defined()) accumulate(n->edges[k], std::move(grads[k]), *n, k);
-    n->grad = Tensor();
-    visited.push_back(n);
+  const std::shared_ptr<Node> root_node = root.grad_fn();
+  {
+    std::lock_guard<std::mutex> lock(root_node->mutex);
+    TG_CHECK(!root_node->released, "backward: the graph behind this tensor (op '", root_node->name,
+             "') was freed by an earlier backward(); pass retain_graph=true to the first call");
   }
-  if (retain_graph) return;
-  for (const auto& n : visited) {
-    n->saved.release();
-    n->backward = nullptr;
-    n->released = true;
-  }
-  tape().compact();
+  GraphTask(retain_graph).run(root_node, seed);
 }
 
 const std::string& node_name(const Node& node) { return node.name; }
-
-size_t tape_size() {
-  tape().compact();
-  return tape().nodes.size();
-}
 
 }  // namespace tg::autograd

@@ -1,28 +1,46 @@
-// The tape and the backward walk.
+// Recording ops and the backward walk.
 //
-// Every op that sees an input requiring grad (while grad mode is on) calls
-// record(), which appends a Node to the thread's tape in execution order.
-// backward() seeds dL/dL and walks the tape in reverse: each node reached by a
-// gradient runs its closure and accumulates (+=) into its inputs' nodes or
-// leaves. Execution order is a topological order, so reverse order is valid.
+// An op that sees an input requiring grad (while grad mode is on) calls
+// record(), which makes a Node with edges to its inputs' nodes and hangs it on
+// the output as grad_fn. backward(root) finds the nodes reachable from the
+// root, counts for each how many reachable consumers feed it, and runs them in
+// that dependency order (each node after every consumer of its output, as
+// PyTorch and micrograd do), accumulating with += the gradient each input
+// receives. All of that state is local to the call: nothing is left behind on
+// success or on an exception, leaves' .grad() are updated only when the whole
+// walk succeeded, and other threads' graphs are not touched.
 #pragma once
-#include <initializer_list>
 #include <vector>
 
 #include "autograd/node.h"
+#include "autograd/op_list.h"
 
 namespace tg::autograd {
 
-// Records `out` as produced by op `name` from `inputs`. Returns `out` with
-// grad_fn set, or untouched when grad mode is off or no input requires grad.
-Tensor record(const char* name, Tensor out, const std::vector<Tensor>& inputs,
-              std::vector<Tensor> saved, BackwardFn backward);
+// Which of `inputs` need a gradient if an op records now: grad mode on, the
+// input defined and requiring grad. Ops use it to decide what to save.
+GradMask grad_mask(const std::vector<Tensor>& inputs);
+
+// `t` when `keep`, else an undefined tensor: for saving only what the needed
+// gradients read, e.g. saved = {keep_if(needs[1], a), keep_if(needs[0], b)}.
+inline Tensor keep_if(bool keep, const Tensor& t) { return keep ? t : Tensor(); }
+
+// f() when `needed`, else an undefined tensor: a backward closure computes
+// only the gradients its mask asks for.
+template <class F>
+Tensor grad_if(bool needed, const F& f) {
+  return needed ? f() : Tensor();
+}
+
+// Records `out` as produced by `op` from `inputs`. Returns `out` with grad_fn
+// set, or untouched when grad mode is off or no input requires grad.
+Tensor record(OpId op, Tensor out, const std::vector<Tensor>& inputs, std::vector<Tensor> saved, BackwardFn backward);
+// The same for an op defined outside the library (any name).
+Tensor record(std::string name, Tensor out, const std::vector<Tensor>& inputs, std::vector<Tensor> saved,
+              BackwardFn backward);
 
 void backward(const Tensor& root, const Tensor& seed, bool retain_graph);
 
 const std::string& node_name(const Node& node);
-
-// Nodes on this thread's tape that are still alive (for tests and teaching).
-size_t tape_size();
 
 }  // namespace tg::autograd

@@ -53,9 +53,11 @@ GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inpu
       const double minus = projected(fn, inputs, w);
       x[k] = saved;
       const double numeric = (plus - minus) / (2 * eps);
-      const double err = std::abs(analytic[k] - numeric) / (atol + rtol * std::abs(numeric));
+      // A NaN or Inf on either side fails: it never compares as an error below.
+      const bool finite = std::isfinite(analytic[k]) && std::isfinite(numeric);
+      const double err = finite ? std::abs(analytic[k] - numeric) / (atol + rtol * std::abs(numeric)) : INFINITY;
       ++result.elements_checked;
-      if (err > result.max_error) {
+      if (err > result.max_error || (!finite && result.max_error != INFINITY)) {
         result.max_error = err;
         worst.str("");
         worst << "input " << i << " " << inputs[i].shape() << ", element " << k << ": analytic " << analytic[k]

@@ -1,7 +1,8 @@
 // gradcheck: compares the tape's gradients with central finite differences in
 // float64. With a random projection w of the output, L = sum(w * fn(inputs));
 // dL/dx_k from backward() must match (L(x_k + eps) - L(x_k - eps)) / (2 eps)
-// for every element k of every input that requires grad.
+// for every element k of every input that requires grad. A NaN or Inf on
+// either side fails the check.
 #pragma once
 #include <functional>
 #include <string>

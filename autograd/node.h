@@ -1,9 +1,12 @@
-// A node of the tape: one recorded op. It holds edges to its inputs, the
-// tensors its backward needs (with their versions at save time), the backward
-// closure, and the gradient of its output accumulated so far.
+// A node of the graph: one recorded op. It holds edges to its inputs' nodes
+// (or leaves), the tensors its backward needs (with their versions at save
+// time) and the backward closure. Nodes are owned by the tensors they produced
+// and by the nodes downstream of them, so a graph nobody holds disappears.
 #pragma once
+#include <atomic>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -13,12 +16,19 @@ namespace tg::autograd {
 
 struct Node;
 
-// Where an input's gradient goes: into a producing node, or into a leaf's .grad().
+// Where an input's gradient goes: into its producing node, or into a leaf's
+// .grad(). Neither, for an input that does not require grad.
 struct Edge {
   std::shared_ptr<Node> node;
   std::shared_ptr<TensorImpl> leaf;
   Shape shape;  // the input's shape; the gradient must have it
+  bool needs_grad() const { return node || leaf; }
 };
+
+// Which inputs of a node need a gradient (PyTorch's grad_input_mask): a
+// backward closure computes exactly those and returns undefined tensors for
+// the rest. At record time the same mask decides what the op saves.
+using GradMask = std::vector<bool>;
 
 // Tensors saved for backward. Reading one checks that no in-place write has
 // happened since it was saved.
@@ -27,6 +37,7 @@ class SavedTensors {
   SavedTensors() = default;
   SavedTensors(std::vector<Tensor> tensors, std::string op);
   const Tensor& operator[](size_t i) const;
+  size_t size() const { return tensors_.size(); }
   void release() { tensors_.clear(); }
 
  private:
@@ -35,17 +46,27 @@ class SavedTensors {
   std::string op_;
 };
 
-// Given dL/d(output) and the saved tensors, returns dL/d(input) per input
-// (an undefined Tensor where an input gets no gradient).
-using BackwardFn = std::function<std::vector<Tensor>(const Tensor& grad_out, const SavedTensors& saved)>;
+// Given dL/d(output), the saved tensors and which inputs need a gradient,
+// returns dL/d(input) per input (undefined where the mask is false).
+using BackwardFn =
+    std::function<std::vector<Tensor>(const Tensor& grad_out, const SavedTensors& saved, const GradMask& needs)>;
 
 struct Node {
+  Node();
+  ~Node();  // frees the chain of producers it alone holds without recursion
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
   std::string name;
-  std::vector<Edge> edges;
+  std::vector<Edge> edges;  // one per input, in order
+  GradMask needs;           // edges[i].needs_grad(), for the closure
   SavedTensors saved;
   BackwardFn backward;
-  Tensor grad;  // dL/d(output), accumulated by consumers
-  bool released = false;
+  std::mutex mutex;         // running vs freeing, when threads share a graph
+  bool released = false;    // saved tensors and closure freed by a backward()
 };
+
+// Nodes alive in the process (for tests and teaching).
+int64_t live_nodes();
 
 }  // namespace tg::autograd

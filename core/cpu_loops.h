@@ -1,8 +1,9 @@
-// CPU loops: parallel_for over element indices (OpenMP over both cores when the
-// work is large enough) and cpu_map for elementwise maps.
+// CPU loops: parallel_for over element indices (OpenMP over the machine's
+// cores when the work is large enough) and map for elementwise maps.
 #pragma once
 #include <cstdint>
 
+#include "core/dispatch.h"
 #include "core/map_args.h"
 
 namespace tg::cpu {
@@ -26,15 +27,16 @@ void map(const MapArgs<T, N>& a, const F& f) {
 
 }  // namespace tg::cpu
 
-namespace tg::cpu {
+namespace tg {
 
-// The CPU loop as an object, so device-generic launchers (ops/*.h) take either it or cuda::Loop.
-struct Loop {
+// The CPU loop as an object, so generic kernels take either it or Loop<Device::CUDA>.
+template <>
+struct Loop<Device::CPU> {
   const char* op;
   template <class F>
-  void operator()(int64_t n, const F& f) const { parallel_for(n, f); }
+  void operator()(int64_t n, const F& f) const { cpu::parallel_for(n, f); }
   template <class T, int N, class F>
   void map(const MapArgs<T, N>& a, const F& f) const { cpu::map(a, f); }
 };
 
-}  // namespace tg::cpu
+}  // namespace tg

@@ -15,7 +15,10 @@ struct MemoryStats {
   std::size_t reserved = 0;        // bytes obtained with cudaMalloc (live + cached)
   std::size_t peak_allocated = 0;  // high-water mark of `allocated`
   std::size_t device_allocs = 0;   // number of cudaMalloc calls so far
+  std::size_t live_blocks = 0;     // blocks held by live tensors (and other users)
 };
+// The bytes a request of `nbytes` takes from the allocator (its bucket size).
+std::size_t allocation_size(std::size_t nbytes);
 MemoryStats memory_stats();
 void empty_cache();  // returns cached blocks to the driver
 void reset_peak_memory_stats();

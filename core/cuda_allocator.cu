@@ -35,11 +35,12 @@ std::size_t round_size(std::size_t n) {
 class CachingAllocator {
  public:
   void* allocate(std::size_t nbytes) {
-    const std::size_t size = caching_ ? round_size(nbytes) : std::max<std::size_t>(nbytes, 1);
+    const std::size_t size = block_size(nbytes);
     std::lock_guard<std::mutex> lock(mutex_);
     void* p = caching_ ? take_cached(size) : nullptr;
     if (!p) p = device_malloc(size);
     live_[p] = size;
+    stats_.live_blocks = live_.size();
     stats_.allocated += size;
     stats_.peak_allocated = std::max(stats_.peak_allocated, stats_.allocated);
     if (poison_) TG_CUDA_CHECK(cudaMemsetAsync(p, 0xFF, size, stream()), "cuda allocator (poison)");
@@ -60,10 +61,12 @@ class CachingAllocator {
       stats_.reserved -= it->second;
     }
     live_.erase(it);
+    stats_.live_blocks = live_.size();
   }
 
   void set_poison(bool on) { poison_ = on; }
   bool caching() const { return caching_; }
+  std::size_t block_size(std::size_t nbytes) const { return caching_ ? round_size(nbytes) : std::max<std::size_t>(nbytes, 1); }
 
   void empty_cache() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -139,5 +142,6 @@ void empty_cache() { allocator().empty_cache(); }
 void reset_peak_memory_stats() { allocator().reset_peak(); }
 void set_poison_allocations(bool on) { allocator().set_poison(on); }
 bool caching_enabled() { return allocator().caching(); }
+std::size_t allocation_size(std::size_t nbytes) { return allocator().block_size(nbytes); }
 
 }  // namespace tg::cuda

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "core/cuda_context.h"
+#include "core/dispatch.h"
 #include "core/map_args.h"
 #include "core/pack.h"
 
@@ -132,15 +133,16 @@ void map(const char* op, const MapArgs<T, N>& a, const F& f) {
 
 }  // namespace tg::cuda
 
-namespace tg::cuda {
+namespace tg {
 
-// The CUDA loop as an object; the twin of cpu::Loop.
-struct Loop {
+// The CUDA loop as an object; the twin of Loop<Device::CPU>.
+template <>
+struct Loop<Device::CUDA> {
   const char* op;
   template <class F>
-  void operator()(int64_t n, const F& f) const { for_each(op, n, f); }
+  void operator()(int64_t n, const F& f) const { cuda::for_each(op, n, f); }
   template <class T, int N, class F>
   void map(const MapArgs<T, N>& a, const F& f) const { cuda::map(op, a, f); }
 };
 
-}  // namespace tg::cuda
+}  // namespace tg

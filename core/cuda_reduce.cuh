@@ -7,18 +7,17 @@
 
 namespace tg::cuda {
 
-template <class T>
-__device__ __forceinline__ T warp_sum(T v) {
+// Combines the 32 lanes' values with `op`; every lane gets the result.
+template <class T, class Op>
+__device__ __forceinline__ T warp_reduce(T v, const Op& op) {
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  for (int offset = 16; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
   return v;
 }
 
 template <class T>
-__device__ __forceinline__ T warp_max(T v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  return v;
+__device__ __forceinline__ T warp_sum(T v) {
+  return warp_reduce(v, [](T a, T b) { return a + b; });
 }
 
 // One warp's view of one row in a row kernel: lane l owns elements

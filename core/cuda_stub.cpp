@@ -13,6 +13,7 @@ void reset_peak_memory_stats() { no_cuda_backend(); }
 void set_sync_debug(bool) { no_cuda_backend(); }
 void set_poison_allocations(bool) { no_cuda_backend(); }
 bool caching_enabled() { return false; }
+std::size_t allocation_size(std::size_t) { return no_cuda_backend<std::size_t>(); }
 bool sync_debug() { return false; }
 
 }  // namespace tg::cuda

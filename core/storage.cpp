@@ -1,7 +1,8 @@
 #include "core/storage.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
-#include <new>
 
 #include "core/dispatch.h"
 #include "core/error.h"
@@ -13,7 +14,15 @@ namespace tg {
 
 namespace {
 constexpr std::size_t kCpuAlignment = 64;
+
+// Physical memory: a request beyond it fails here, clearly, instead of being
+// overcommitted and killed later (or aborted by a sanitizer's allocator).
+std::size_t host_memory_bytes() {
+  static const std::size_t bytes =
+      static_cast<std::size_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  return bytes;
 }
+}  // namespace
 
 bool built_with_cuda() {
 #ifdef TG_CUDA
@@ -25,9 +34,10 @@ bool built_with_cuda() {
 
 Storage::Storage(std::size_t nbytes, Device device) : nbytes_(nbytes), device_(device) {
   if (device == Device::CPU) {
+    TG_CHECK(nbytes <= host_memory_bytes(), "more than the ", host_memory_bytes(), " bytes of host memory");
     const std::size_t rounded = (nbytes + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
     data_ = std::aligned_alloc(kCpuAlignment, rounded == 0 ? kCpuAlignment : rounded);
-    if (!data_) throw std::bad_alloc();
+    TG_CHECK(data_, "out of host memory");
     return;
   }
 #ifdef TG_CUDA

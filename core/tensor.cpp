@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/random.h"
 #include "ops/copy.h"
+#include "ops/untracked.h"
 #include "ops/elementwise.h"
 #include "ops/views.h"
 
@@ -136,18 +137,25 @@ void Tensor::backward(const Tensor& seed, bool retain_graph) const {
 // ---- in-place
 
 namespace {
-void check_inplace(const char* op, const Tensor& t) {
+// The rules every in-place write follows (none of them is recorded on the tape).
+void check_inplace(const char* op, const Tensor& t, const Tensor& src = Tensor()) {
   TG_CHECK(!(t.requires_grad() && t.is_leaf() && autograd::GradMode::enabled()), op,
            ": in-place write to a leaf tensor of shape ", t.shape(),
            " that requires grad; wrap it in tg::NoGradGuard");
   TG_CHECK(!t.grad_fn(), op, ": in-place write to a tensor of shape ", t.shape(),
            " produced by op '", autograd::node_name(*t.grad_fn()),
            "' is not supported; its gradient would be wrong");
+  TG_CHECK(!has_internal_overlap(t.shape(), t.strides()), op, ": cannot write into a tensor of shape ", t.shape(),
+           " with strides ", t.strides(), ": several of its elements share one memory location (an expanded view); "
+           "clone() it first");
+  TG_CHECK(!(src.defined() && src.requires_grad() && autograd::GradMode::enabled()), op, ": the source tensor of shape ",
+           src.shape(), " requires grad, but an in-place ", op, " is not recorded on the tape, so its gradient would be "
+           "lost; use the out-of-place op, or wrap the update in tg::NoGradGuard");
 }
 }  // namespace
 
 Tensor& Tensor::add_(const Tensor& other, double alpha) {
-  check_inplace("add_", *this);
+  check_inplace("add_", *this, other);
   autograd::NoGradGuard guard;
   return copy_(add(*this, alpha == 1.0 ? other : mul(other, alpha)));
 }
@@ -166,7 +174,7 @@ Tensor& Tensor::fill_(double value) {
 }
 
 Tensor& Tensor::copy_(const Tensor& src) {
-  check_inplace("copy_", *this);
+  check_inplace("copy_", *this, src);
   copy_into(*this, src);
   impl_->storage->bump_version();
   return *this;
@@ -174,23 +182,37 @@ Tensor& Tensor::copy_(const Tensor& src) {
 
 // ---- factories
 
-Tensor empty(const Shape& shape, TensorOptions opts) {
-  for (int64_t d : shape) TG_CHECK(d >= 0, "empty: negative dimension in shape ", shape);
+namespace {
+std::shared_ptr<Storage> allocate_storage(const char* op, const Shape& shape, DType dtype, Device device) {
+  const int64_t nbytes = checked_nbytes(op, shape, element_size(dtype));
+  try {
+    return std::make_shared<Storage>(static_cast<std::size_t>(nbytes), device);
+  } catch (const Error& e) {
+    TG_FAIL(op, ": cannot allocate ", nbytes, " bytes for ", shape, " on ", device, " (", e.what(), ")");
+  } catch (const std::bad_alloc&) {
+    TG_FAIL(op, ": cannot allocate ", nbytes, " bytes for ", shape, " on ", device);
+  }
+}
+
+Tensor empty_named(const char* op, const Shape& shape, TensorOptions opts) {
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::make_shared<Storage>(tg::numel(shape) * element_size(opts.dtype), opts.device);
+  impl->storage = allocate_storage(op, shape, opts.dtype, opts.device);
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = opts.dtype;
   impl->requires_grad = opts.requires_grad;
   return Tensor(std::move(impl));
 }
+}  // namespace
+
+Tensor empty(const Shape& shape, TensorOptions opts) { return empty_named("empty", shape, opts); }
 
 Tensor empty_like(const Tensor& t) { return empty(t.shape(), {t.dtype(), t.device()}); }
 
 Tensor full(const Shape& shape, double value, TensorOptions opts) {
   const bool rg = opts.requires_grad;
   opts.requires_grad = false;
-  Tensor t = empty(shape, opts);
+  Tensor t = empty_named("full", shape, opts);
   fill_into(t, value);
   return t.requires_grad_(rg);
 }
@@ -201,9 +223,10 @@ Tensor ones(const Shape& shape, TensorOptions opts) { return full(shape, 1.0, op
 Tensor scalar_tensor(double value, TensorOptions opts) { return full({}, value, opts); }
 
 Tensor from_vector(const std::vector<double>& values, const Shape& shape, TensorOptions opts) {
-  TG_CHECK(static_cast<int64_t>(values.size()) == tg::numel(shape), "from_vector: ", values.size(),
-           " values do not fill shape ", shape, " (", tg::numel(shape), " elements)");
-  Tensor t = empty(shape, {opts.dtype, Device::CPU});
+  const int64_t n = checked_numel("from_vector", shape);
+  TG_CHECK(static_cast<int64_t>(values.size()) == n, "from_vector: ", values.size(), " values do not fill shape ", shape,
+           " (", n, " elements)");
+  Tensor t = empty_named("from_vector", shape, {opts.dtype, Device::CPU});
   TG_DISPATCH_FLOAT(opts.dtype, T, [&] {
     T* p = t.data<T>();
     for (size_t i = 0; i < values.size(); ++i) p[i] = static_cast<T>(values[i]);
@@ -212,6 +235,7 @@ Tensor from_vector(const std::vector<double>& values, const Shape& shape, Tensor
 }
 
 Tensor arange(int64_t n, TensorOptions opts) {
+  TG_CHECK(n >= 0, "arange: the number of elements must be >= 0, got ", n);
   std::vector<double> v(n);
   for (int64_t i = 0; i < n; ++i) v[i] = static_cast<double>(i);
   return from_vector(v, {n}, opts);
@@ -219,23 +243,42 @@ Tensor arange(int64_t n, TensorOptions opts) {
 
 namespace {
 template <class Draw>
-Tensor random_tensor(const Shape& shape, TensorOptions opts, Draw draw) {
-  const int64_t n = tg::numel(shape);
+Tensor random_tensor(const char* op, const Shape& shape, TensorOptions opts, Draw draw) {
+  const int64_t n = checked_numel(op, shape);
+  checked_nbytes(op, shape, sizeof(double));
   const PhiloxState state = default_generator().next();
-  std::vector<double> v(n);
+  Tensor host = empty_named(op, shape, {DType::Float64, Device::CPU});
+  double* v = host.data<double>();
   for (int64_t i = 0; i < n; ++i) v[i] = draw(state, i);
-  return from_vector(v, shape, opts);
+  return host.to(opts.dtype).to(opts.device).requires_grad_(opts.requires_grad);
 }
 }  // namespace
 
 Tensor randn(const Shape& shape, TensorOptions opts) {
-  return random_tensor(shape, opts, [](PhiloxState s, int64_t i) { return philox_normal(s, i); });
+  return random_tensor("randn", shape, opts, [](PhiloxState s, int64_t i) { return philox_normal(s, i); });
 }
 Tensor rand(const Shape& shape, TensorOptions opts) {
-  return random_tensor(shape, opts, [](PhiloxState s, int64_t i) { return philox_uniform(s, i); });
+  return random_tensor("rand", shape, opts, [](PhiloxState s, int64_t i) { return philox_uniform(s, i); });
 }
 
 Tensor make_view(const Tensor& t, Shape shape, Shape strides, int64_t offset) {
+  check_defined("make_view", "t", t);
+  TG_CHECK(shape.size() == strides.size(), "make_view: shape ", shape, " and strides ", strides, " differ in rank");
+  TG_CHECK(offset >= 0, "make_view: negative offset ", offset);
+  int64_t last = offset;
+  bool empty_view = false;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    TG_CHECK(shape[d] >= 0 && strides[d] >= 0, "make_view: shape ", shape, " with strides ", strides,
+             " has a negative size or stride");
+    empty_view = empty_view || shape[d] == 0;
+    int64_t reach = 0;
+    TG_CHECK(shape[d] == 0 || (!__builtin_mul_overflow(shape[d] - 1, strides[d], &reach) &&
+                               !__builtin_add_overflow(last, reach, &last)),
+             "make_view: shape ", shape, " with strides ", strides, " overflows int64 offsets");
+  }
+  const int64_t capacity = static_cast<int64_t>(t.impl()->storage->nbytes() / element_size(t.dtype()));
+  TG_CHECK(empty_view || last < capacity, "make_view: shape ", shape, ", strides ", strides, " and offset ", offset,
+           " reach element ", last, " of a storage of ", capacity, " elements");
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = t.impl()->storage;
   impl->shape = std::move(shape);

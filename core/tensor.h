@@ -6,6 +6,7 @@
 #include <initializer_list>
 #include <iosfwd>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -30,6 +31,7 @@ struct TensorImpl {
   bool requires_grad = false;
   std::shared_ptr<TensorImpl> grad;            // filled by backward() for leaves
   std::shared_ptr<autograd::Node> grad_fn;     // the op that produced this tensor
+  std::mutex grad_mutex;                       // backward() on several threads into one leaf
 };
 
 struct TensorOptions {
@@ -93,7 +95,10 @@ class Tensor {
   Tensor detach() const;
   void backward(const Tensor& seed = Tensor(), bool retain_graph = false) const;
 
-  // ---- in-place (bump the version counter)
+  // ---- in-place (bump the version counter). They are not recorded on the
+  // tape: writing into a tensor that autograd tracks, into an expanded view
+  // (several elements share memory), or from a source that requires grad
+  // while grad mode is on is a tg::Error (see docs/derivations.md, "In-place writes").
   Tensor& add_(const Tensor& other, double alpha = 1.0);
   Tensor& mul_(double factor);
   Tensor& fill_(double value);
@@ -121,7 +126,8 @@ Tensor scalar_tensor(double value, TensorOptions opts = {});
 Tensor randn(const Shape& shape, TensorOptions opts = {});
 Tensor rand(const Shape& shape, TensorOptions opts = {});
 
-// A new tensor (shape, strides, offset) over t's storage; no copy.
+// A new tensor (shape, strides, offset) over t's storage; no copy. Throws
+// when the view reaches outside the storage or has a negative stride.
 Tensor make_view(const Tensor& t, Shape shape, Shape strides, int64_t offset);
 
 std::ostream& operator<<(std::ostream& os, const Tensor& t);

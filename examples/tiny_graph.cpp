@@ -1,4 +1,4 @@
-// A tiny graph: y = sum(tanh(x W^T + b)), then backward. Prints the gradients.
+// A tiny graph: loss = mean(tanh(x W^T + b)^2), then backward and one SGD step. Prints the gradients.
 #include <iostream>
 
 #include "tapegrad.h"

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 
+#include "ops/binary_mask.h"
 #include "ops/edit_bias.h"
 #include "ops/elementwise.h"
 #include "ops/masked_fill.h"
@@ -44,6 +45,7 @@ Tensor region_attention_decomposed(const Tensor& x, const Tensor& edit_mask, con
            B, ",", S, "], got ", edit_mask.defined() ? to_string(edit_mask.shape()) : "undefined");
   TG_CHECK(attn_mask.defined() && attn_mask.shape() == Shape({B, S}), "region_attention: attn_mask must be [",
            B, ",", S, "], got ", attn_mask.defined() ? to_string(attn_mask.shape()) : "undefined");
+  check_binary_mask("region_attention", "attn_mask", attn_mask);
   const int64_t D = C / H;
 
   const Tensor qkv = linear(x, p.qkv_weight, p.qkv_bias)       // [B,S,3C], column t*C + h*D + d

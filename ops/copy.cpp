@@ -2,47 +2,66 @@
 
 #include "autograd/engine.h"
 #include "core/cpu_loops.h"
-#include "core/dispatch.h"
+#include "ops/copy_kernels.h"
+#include "ops/untracked.h"
 
 namespace tg {
 
-void copy_into(const Tensor& dst, const Tensor& src) {
+TG_INSTANTIATE_KERNELS(CopyKernels, Device::CPU);
+
+namespace {
+
+// dst and src share storage and their element ranges intersect.
+bool overlap(const Tensor& dst, const Tensor& src) {
+  if (!dst.same_storage(src)) return false;
+  const ElementSpan a = element_span(dst.shape(), dst.strides(), dst.offset());
+  const ElementSpan b = element_span(src.shape(), src.strides(), src.offset());
+  return a.begin < a.end && b.begin < b.end && a.begin < b.end && b.begin < a.end;
+}
+
+// A contiguous copy of x on its device.
+Tensor copy_of(const Tensor& x) {
+  Tensor out = empty(x.shape(), {x.dtype(), x.device()});
+  TG_DISPATCH_DEVICE(x, CopyKernels, copy_strided, out, x);
+  return out;
+}
+
+}  // namespace
+
+void copy_into(const Tensor& dst, const Tensor& src_in) {
   check_defined("copy_", "dst", dst);
-  check_defined("copy_", "src", src);
-  TG_CHECK(dst.shape() == src.shape(), "copy_: destination ", dst.shape(), " and source ",
-           src.shape(), " differ in shape");
+  check_defined("copy_", "src", src_in);
+  TG_CHECK(dst.shape() == src_in.shape(), "copy_: destination ", dst.shape(), " and source ", src_in.shape(),
+           " differ in shape");
+  // A source that overlaps the destination would be read after being partly overwritten.
+  const Tensor src = overlap(dst, src_in) ? copy_of(src_in) : src_in;
   if (dst.device() == src.device()) {
-    TG_DISPATCH_DEVICE(dst, copy_strided, dst, src);
+    TG_DISPATCH_DEVICE(dst, CopyKernels, copy_strided, dst, src);
     return;
   }
   // Across devices: stage a contiguous copy of dst's dtype on src's device, move the bytes once.
   Tensor staged_src = materialize(src);
   if (staged_src.dtype() != dst.dtype()) {
     const Tensor cast_src = empty(src.shape(), {dst.dtype(), src.device()});
-    TG_DISPATCH_DEVICE(src, copy_strided, cast_src, staged_src);
+    TG_DISPATCH_DEVICE(src, CopyKernels, copy_strided, cast_src, staged_src);
     staged_src = cast_src;
   }
   const Tensor staged_dst = dst.is_contiguous() ? dst : empty(dst.shape(), {dst.dtype(), dst.device()});
 #ifdef TG_CUDA
   cuda::copy_between_devices(staged_dst, staged_src);
 #endif
-  if (!staged_dst.same_storage(dst)) TG_DISPATCH_DEVICE(dst, copy_strided, dst, staged_dst);
+  if (!staged_dst.same_storage(dst)) TG_DISPATCH_DEVICE(dst, CopyKernels, copy_strided, dst, staged_dst);
 }
 
-void fill_into(const Tensor& dst, double value) { TG_DISPATCH_DEVICE(dst, fill, dst, value); }
+void fill_into(const Tensor& dst, double value) { TG_DISPATCH_DEVICE(dst, CopyKernels, fill, dst, value); }
 
-Tensor materialize(const Tensor& x) {
-  if (x.is_contiguous()) return x;
-  Tensor out = empty(x.shape(), {x.dtype(), x.device()});
-  copy_into(out, x);
-  return out;
-}
+Tensor materialize(const Tensor& x) { return x.is_contiguous() ? x : copy_of(x); }
 
 Tensor clone(const Tensor& x) {
   check_defined("clone", "x", x);
   Tensor out = empty(x.shape(), {x.dtype(), x.device()});
   copy_into(out, x);
-  return autograd::record("clone", out, {x}, {}, [](const Tensor& g, const auto&) {
+  return autograd::record(OpId::clone, out, {x}, {}, [](const Tensor& g, const auto&, const auto&) {
     return std::vector<Tensor>{g};
   });
 }
@@ -52,7 +71,7 @@ Tensor cast(const Tensor& x, DType dtype) {
   Tensor out = empty(x.shape(), {dtype, x.device()});
   copy_into(out, x);
   const DType from = x.dtype();
-  return autograd::record("cast", out, {x}, {}, [from](const Tensor& g, const auto&) {
+  return autograd::record(OpId::cast, out, {x}, {}, [from](const Tensor& g, const auto&, const auto&) {
     return std::vector<Tensor>{cast(g, from)};
   });
 }
@@ -62,14 +81,9 @@ Tensor to_device(const Tensor& x, Device device) {
   Tensor out = empty(x.shape(), {x.dtype(), device});
   copy_into(out, x);
   const Device from = x.device();
-  return autograd::record("to_device", out, {x}, {}, [from](const Tensor& g, const auto&) {
+  return autograd::record(OpId::to_device, out, {x}, {}, [from](const Tensor& g, const auto&, const auto&) {
     return std::vector<Tensor>{to_device(g, from)};
   });
 }
-
-namespace cpu {
-void copy_strided(const Tensor& dst, const Tensor& src) { copy_strided_with(Loop{"copy_"}, dst, src); }
-void fill(const Tensor& dst, double value) { fill_with(Loop{"fill_"}, dst, value); }
-}  // namespace cpu
 
 }  // namespace tg

@@ -1,12 +1,11 @@
 #include "core/cuda_loops.cuh"
-#include "ops/copy.h"
+#include "ops/copy_kernels.h"
 
-namespace tg::cuda {
+namespace tg {
 
-void copy_strided(const Tensor& dst, const Tensor& src) { copy_strided_with(Loop{"copy_"}, dst, src); }
-void fill(const Tensor& dst, double value) { fill_with(Loop{"fill_"}, dst, value); }
+TG_INSTANTIATE_KERNELS(CopyKernels, Device::CUDA);
 
-void copy_between_devices(const Tensor& dst, const Tensor& src) {
+void cuda::copy_between_devices(const Tensor& dst, const Tensor& src) {
   const size_t bytes = dst.numel() * element_size(dst.dtype());
   if (bytes == 0) return;
   const cudaMemcpyKind kind = dst.is_cuda() ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
@@ -14,4 +13,4 @@ void copy_between_devices(const Tensor& dst, const Tensor& src) {
   TG_CUDA_CHECK(cudaStreamSynchronize(stream()), "to");
 }
 
-}  // namespace tg::cuda
+}  // namespace tg

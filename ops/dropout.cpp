@@ -2,16 +2,19 @@
 
 #include "autograd/engine.h"
 #include "core/cpu_loops.h"
-#include "core/dispatch.h"
 #include "core/random.h"
-#include "ops/copy.h"
+#include "ops/binary_mask.h"
+#include "ops/dropout_kernels.h"
+#include "ops/untracked.h"
 
 namespace tg {
+
+TG_INSTANTIATE_KERNELS(DropoutKernels, Device::CPU);
 
 namespace {
 Tensor dropout_untracked(const Tensor& x, const Tensor& mask, PhiloxState rng, double p) {
   Tensor out = empty(x.shape(), {x.dtype(), x.device()});
-  TG_DISPATCH_DEVICE(x, dropout, materialize(x), mask, rng, p, out);
+  TG_DISPATCH_DEVICE(x, DropoutKernels, apply, materialize(x), mask, rng, p, out);
   return out;
 }
 }  // namespace
@@ -24,12 +27,13 @@ Tensor dropout(const Tensor& x, const DropoutOptions& o) {
   if (o.mask.defined()) {
     TG_CHECK(o.mask.shape() == x.shape(), "dropout: mask ", o.mask.shape(), " must have x's shape ", x.shape());
     TG_CHECK(o.mask.device() == x.device(), "dropout: mask is on ", o.mask.device(), ", x on ", x.device());
+    check_binary_mask("dropout", "mask", o.mask);
     mask = materialize(o.mask.to(x.dtype()));
   }
   const PhiloxState rng = o.rng ? *o.rng : default_generator().next();
   const double p = o.p;
   Tensor y = dropout_untracked(x, mask, rng, p);
-  return autograd::record("dropout", y, {x}, {mask}, [rng, p](const Tensor& g, const auto& s) {
+  return autograd::record(OpId::dropout, y, {x}, {mask}, [rng, p](const Tensor& g, const auto& s, const auto&) {
     return std::vector<Tensor>{dropout_untracked(g, s[0], rng, p)};
   });
 }
@@ -37,14 +41,8 @@ Tensor dropout(const Tensor& x, const DropoutOptions& o) {
 Tensor dropout_mask(const Shape& shape, double p, PhiloxState state, TensorOptions opts) {
   TG_CHECK(p >= 0.0 && p < 1.0, "dropout_mask: p must be in [0, 1), got ", p);
   Tensor out = empty(shape, opts);
-  TG_DISPATCH_DEVICE(out, dropout, Tensor(), Tensor(), state, p, out);
+  TG_DISPATCH_DEVICE(out, DropoutKernels, apply, Tensor(), Tensor(), state, p, out);
   return out;
 }
-
-namespace cpu {
-void dropout(const Tensor& x, const Tensor& mask, PhiloxState rng, double p, const Tensor& out) {
-  dropout_with(Loop{"dropout"}, x, mask, rng, p, out);
-}
-}  // namespace cpu
 
 }  // namespace tg

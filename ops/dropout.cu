@@ -1,10 +1,6 @@
 #include "core/cuda_loops.cuh"
-#include "ops/dropout.h"
+#include "ops/dropout_kernels.h"
 
-namespace tg::cuda {
-
-void dropout(const Tensor& x, const Tensor& mask, PhiloxState rng, double p, const Tensor& out) {
-  dropout_with(Loop{"dropout"}, x, mask, rng, p, out);
+namespace tg {
+TG_INSTANTIATE_KERNELS(DropoutKernels, Device::CUDA);
 }
-
-}  // namespace tg::cuda

@@ -1,6 +1,6 @@
 #include "core/cuda_loops.cuh"
 #include "core/cuda_reduce.cuh"
-#include "ops/edit_bias.h"
+#include "ops/edit_bias_kernels.h"
 
 namespace tg::cuda {
 
@@ -20,7 +20,7 @@ __global__ void edit_bias_backward_kernel(const T* g, const T* e, T* dE, T* with
   T within = 0, cross = 0;
   for (int64_t j0 = 4 * lane; j0 < d.M; j0 += 4 * 32) {
     const EditBiasGradQuad<T> r = edit_bias_grad_quad(g, e, d, h, i, j0, vector);
-    store_edit_bias_quad(dE + row * d.M, j0, r.dE, d.M, vector);
+    store_edit_bias_quad(dE ? dE + row * d.M : nullptr, j0, r.dE, d.M, vector);
     within += r.within;
     cross += r.cross;
   }
@@ -34,20 +34,23 @@ __global__ void edit_bias_backward_kernel(const T* g, const T* e, T* dE, T* with
 
 }  // namespace
 
-void edit_bias_forward(const Tensor& E, const Tensor& within, const Tensor& cross, const Tensor& e, const Tensor& out,
-                       EditBiasDims d) {
-  edit_bias_forward_with(Loop{"edit_bias"}, E, within, cross, e, out, d);
-}
+}  // namespace tg::cuda
 
-void edit_bias_backward(const Tensor& g, const Tensor& e, const Tensor& dE, const Tensor& within_rows,
-                        const Tensor& cross_rows, EditBiasDims d) {
+namespace tg {
+
+template <>
+void EditBiasKernels<Device::CUDA>::backward(const Tensor& g, const Tensor& e, const Tensor& dE,
+                                             const Tensor& within_rows, const Tensor& cross_rows, EditBiasDims d) {
+  using namespace cuda;
   if (d.H * d.M == 0) return;
   const bool vector = edit_bias_quads_fit(d, g, dE);
   TG_DISPATCH_FLOAT(g.dtype(), T, [&] {
     edit_bias_backward_kernel<<<row_blocks(d.H * d.M), 32 * kRowsPerBlock, 0, stream()>>>(
-        g.data<T>(), e.data<T>(), dE.data<T>(), within_rows.data<T>(), cross_rows.data<T>(), d, vector);
+        g.data<T>(), e.data<T>(), data_or_null<T>(dE), within_rows.data<T>(), cross_rows.data<T>(), d, vector);
   });
   check_launch("edit_bias_backward");
 }
 
-}  // namespace tg::cuda
+TG_INSTANTIATE_KERNELS(EditBiasKernels, Device::CUDA);
+
+}  // namespace tg

@@ -1,26 +1,46 @@
 #include "ops/elementwise.h"
 
 #include "autograd/engine.h"
+#include "ops/untracked.h"
 #include "core/cpu_loops.h"
-#include "core/dispatch.h"
+#include "ops/elementwise_kernels.h"
 #include "ops/reduce.h"
 #include "ops/views.h"
 
 namespace tg {
 
+TG_INSTANTIATE_KERNELS(ElementwiseKernels, Device::CPU);
+
 namespace {
 
 using Grads = std::vector<Tensor>;
+using autograd::grad_if;
+using autograd::GradMask;
 
-Tensor unary(const char* name, UnaryOp op, const Tensor& x, double c = 0.0) {
-  check_defined(name, "x", x);
+Tensor unary_untracked(UnaryOp op, double c, const Tensor& x) {
   Tensor y = empty(x.shape(), {x.dtype(), x.device()});
-  TG_DISPATCH_DEVICE(x, unary_forward, op, c, x, y);
-  // The gradient formula reads the output for exp/tanh and the input otherwise.
-  const Tensor v = math::unary_grad_uses_output(op) ? y : x;
-  return autograd::record(name, y, {x}, {v}, [op, c](const Tensor& g, const auto& saved) {
+  TG_DISPATCH_DEVICE(x, ElementwiseKernels, unary_forward, op, c, x, y);
+  return y;
+}
+
+// Ops whose derivative is a constant (neg, c x, x + c) save nothing and scale g.
+Tensor constant_derivative_grad(UnaryOp op, double c, const Tensor& g) {
+  switch (op) {
+    case UnaryOp::AddScalar: return g;
+    case UnaryOp::Neg: return unary_untracked(UnaryOp::Neg, 0.0, g);
+    default: return unary_untracked(UnaryOp::MulScalar, c, g);
+  }
+}
+
+Tensor unary(OpId name, UnaryOp op, const Tensor& x, double c = 0.0) {
+  check_defined(op_name(name), "x", x);
+  Tensor y = unary_untracked(op, c, x);
+  const math::Reads reads = math::derivative_reads(op);
+  const Tensor v = reads == math::Reads::Output ? y : reads == math::Reads::Input ? x : Tensor();
+  return autograd::record(name, y, {x}, {v}, [op, c, reads](const Tensor& g, const auto& saved, const GradMask&) {
+    if (reads == math::Reads::Nothing) return Grads{constant_derivative_grad(op, c, g)};
     Tensor gx = empty(g.shape(), {g.dtype(), g.device()});
-    TG_DISPATCH_DEVICE(g, unary_backward, op, c, g, saved[0], gx);
+    TG_DISPATCH_DEVICE(g, ElementwiseKernels, unary_backward, op, c, g, saved[0], gx);
     return Grads{gx};
   });
 }
@@ -31,7 +51,8 @@ Tensor binary_untracked(const char* name, BinaryOp op, const Tensor& a, const Te
   check_same_dtype_device(name, a, b);
   const Shape shape = broadcast_shapes(name, a.shape(), b.shape());
   Tensor out = empty(shape, {a.dtype(), a.device()});
-  TG_DISPATCH_DEVICE(a, binary_forward, op, broadcast_view(name, a, shape), broadcast_view(name, b, shape), out);
+  TG_DISPATCH_DEVICE(a, ElementwiseKernels, binary_forward, op, broadcast_view(name, a, shape),
+                     broadcast_view(name, b, shape), out);
   return out;
 }
 
@@ -39,57 +60,52 @@ Tensor binary_untracked(const char* name, BinaryOp op, const Tensor& a, const Te
 
 Tensor add(const Tensor& a, const Tensor& b) {
   Tensor y = binary_untracked("add", BinaryOp::Add, a, b);
-  return autograd::record("add", y, {a, b}, {},
-                          [sa = a.shape(), sb = b.shape()](const Tensor& g, const auto&) {
-                            return Grads{sum_to(g, sa), sum_to(g, sb)};
+  return autograd::record(OpId::add, y, {a, b}, {},
+                          [sa = a.shape(), sb = b.shape()](const Tensor& g, const auto&, const GradMask& needs) {
+                            return Grads{grad_if(needs[0], [&] { return sum_to(g, sa); }),
+                                         grad_if(needs[1], [&] { return sum_to(g, sb); })};
                           });
 }
 
 Tensor sub(const Tensor& a, const Tensor& b) {
   Tensor y = binary_untracked("sub", BinaryOp::Sub, a, b);
-  return autograd::record("sub", y, {a, b}, {},
-                          [sa = a.shape(), sb = b.shape()](const Tensor& g, const auto&) {
-                            return Grads{sum_to(g, sa), sum_to(neg(g), sb)};
+  return autograd::record(OpId::sub, y, {a, b}, {},
+                          [sa = a.shape(), sb = b.shape()](const Tensor& g, const auto&, const GradMask& needs) {
+                            return Grads{grad_if(needs[0], [&] { return sum_to(g, sa); }),
+                                         grad_if(needs[1], [&] { return sum_to(neg(g), sb); })};
                           });
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
   Tensor y = binary_untracked("mul", BinaryOp::Mul, a, b);
-  return autograd::record("mul", y, {a, b}, {a, b},
-                          [](const Tensor& g, const auto& s) {
-                            return Grads{sum_to(mul(g, s[1]), s[0].shape()), sum_to(mul(g, s[0]), s[1].shape())};
+  const GradMask m = autograd::grad_mask({a, b});
+  return autograd::record(OpId::mul, y, {a, b}, {autograd::keep_if(m[0], b), autograd::keep_if(m[1], a)},
+                          [sa = a.shape(), sb = b.shape()](const Tensor& g, const auto& s, const GradMask& needs) {
+                            return Grads{grad_if(needs[0], [&] { return sum_to(mul(g, s[0]), sa); }),
+                                         grad_if(needs[1], [&] { return sum_to(mul(g, s[1]), sb); })};
                           });
 }
 
 Tensor div(const Tensor& a, const Tensor& b) {
   Tensor y = binary_untracked("div", BinaryOp::Div, a, b);
-  return autograd::record("div", y, {a, b}, {b, y}, [sa = a.shape()](const Tensor& g, const auto& s) {
-    const Tensor& b = s[0];
-    const Tensor g_over_b = div(g, b);
-    return Grads{sum_to(g_over_b, sa), sum_to(neg(mul(g_over_b, s[1])), b.shape())};
-  });
+  const GradMask m = autograd::grad_mask({a, b});
+  return autograd::record(OpId::div, y, {a, b}, {b, autograd::keep_if(m[1], y)},
+                          [sa = a.shape()](const Tensor& g, const auto& s, const GradMask& needs) {
+                            const Tensor& b = s[0];
+                            const Tensor g_over_b = div(g, b);
+                            return Grads{grad_if(needs[0], [&] { return sum_to(g_over_b, sa); }),
+                                         grad_if(needs[1], [&] { return sum_to(neg(mul(g_over_b, s[1])), b.shape()); })};
+                          });
 }
 
-Tensor add(const Tensor& x, double c) { return unary("add_scalar", UnaryOp::AddScalar, x, c); }
-Tensor mul(const Tensor& x, double c) { return unary("mul_scalar", UnaryOp::MulScalar, x, c); }
-Tensor neg(const Tensor& x) { return unary("neg", UnaryOp::Neg, x); }
-Tensor exp(const Tensor& x) { return unary("exp", UnaryOp::Exp, x); }
-Tensor log(const Tensor& x) { return unary("log", UnaryOp::Log, x); }
-Tensor tanh(const Tensor& x) { return unary("tanh", UnaryOp::Tanh, x); }
-Tensor relu(const Tensor& x) { return unary("relu", UnaryOp::Relu, x); }
-Tensor gelu(const Tensor& x) { return unary("gelu", UnaryOp::Gelu, x); }
-Tensor silu(const Tensor& x) { return unary("silu", UnaryOp::Silu, x); }
-
-namespace cpu {
-void unary_forward(UnaryOp op, double c, const Tensor& x, const Tensor& out) {
-  unary_forward_with(Loop{"unary"}, op, c, x, out);
-}
-void unary_backward(UnaryOp op, double c, const Tensor& g, const Tensor& v, const Tensor& out) {
-  unary_backward_with(Loop{"unary_backward"}, op, c, g, v, out);
-}
-void binary_forward(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
-  binary_forward_with(Loop{"binary"}, op, a, b, out);
-}
-}  // namespace cpu
+Tensor add(const Tensor& x, double c) { return unary(OpId::add_scalar, UnaryOp::AddScalar, x, c); }
+Tensor mul(const Tensor& x, double c) { return unary(OpId::mul_scalar, UnaryOp::MulScalar, x, c); }
+Tensor neg(const Tensor& x) { return unary(OpId::neg, UnaryOp::Neg, x); }
+Tensor exp(const Tensor& x) { return unary(OpId::exp, UnaryOp::Exp, x); }
+Tensor log(const Tensor& x) { return unary(OpId::log, UnaryOp::Log, x); }
+Tensor tanh(const Tensor& x) { return unary(OpId::tanh, UnaryOp::Tanh, x); }
+Tensor relu(const Tensor& x) { return unary(OpId::relu, UnaryOp::Relu, x); }
+Tensor gelu(const Tensor& x) { return unary(OpId::gelu, UnaryOp::Gelu, x); }
+Tensor silu(const Tensor& x) { return unary(OpId::silu, UnaryOp::Silu, x); }
 
 }  // namespace tg

@@ -1,6 +1,6 @@
 #include "core/cuda_loops.cuh"
 #include "core/cuda_reduce.cuh"
-#include "ops/layer_norm.h"
+#include "ops/layer_norm_kernels.h"
 
 namespace tg::cuda {
 
@@ -53,8 +53,14 @@ __global__ void layer_norm_backward_kernel(const T* x, const T* w, const T* mean
 
 }  // namespace
 
-void layer_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& y,
-                        const Tensor& mean, const Tensor& rstd, LayerNormDims d) {
+}  // namespace tg::cuda
+
+namespace tg {
+
+template <>
+void LayerNormKernels<Device::CUDA>::forward(const Tensor& x, const Tensor& w, const Tensor& b, double eps,
+                                             const Tensor& y, const Tensor& mean, const Tensor& rstd, LayerNormDims d) {
+  using namespace cuda;
   if (d.rows == 0) return;
   TG_DISPATCH_FLOAT(x.dtype(), T, [&] {
     // K = 32 takes 125 registers here (2 blocks per SM): rows over 512 stream instead.
@@ -67,17 +73,20 @@ void layer_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b, doubl
   check_launch("layer_norm");
 }
 
-void layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& g,
-                         const Tensor& gx, const Tensor& dw, const Tensor& db, LayerNormDims d) {
+template <>
+void LayerNormKernels<Device::CUDA>::backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                                              const Tensor& g, const Tensor& gx, const Tensor& dw, const Tensor& db,
+                                              LayerNormDims d) {
+  using namespace cuda;
   if (d.rows == 0) return;
-  TG_DISPATCH_FLOAT(x.dtype(), T, [&] {
+  if (gx.defined()) TG_DISPATCH_FLOAT(x.dtype(), T, [&] {
     with_row_registers(d.cols, [&](auto k) {
       layer_norm_backward_kernel<T, decltype(k)::value><<<row_blocks(d.rows), 32 * kRowsPerBlock, 0, stream()>>>(
           x.data<T>(), data_or_null<T>(w), mean.data<T>(), rstd.data<T>(), g.data<T>(), gx.data<T>(), d);
     });
   });
   check_launch("layer_norm_backward");
-  layer_norm_param_grad_with(Loop{"layer_norm_backward"}, x, g, mean, rstd, dw, db, d);
+  layer_norm_param_grad_with(Loop<Device::CUDA>{"layer_norm_backward"}, x, g, mean, rstd, dw, db, d);
 }
 
-}  // namespace tg::cuda
+}  // namespace tg

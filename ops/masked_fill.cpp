@@ -2,16 +2,18 @@
 
 #include "autograd/engine.h"
 #include "core/cpu_loops.h"
-#include "core/dispatch.h"
-#include "ops/views.h"
+#include "ops/masked_fill_kernels.h"
+#include "ops/untracked.h"
 
 namespace tg {
+
+TG_INSTANTIATE_KERNELS(MaskedFillKernels, Device::CPU);
 
 namespace {
 Tensor masked_fill_untracked(const Tensor& x, const Tensor& mask, double value) {
   Tensor out = empty(x.shape(), {x.dtype(), x.device()});
   const Tensor m = broadcast_view("masked_fill", mask.to(x.dtype()), x.shape());
-  TG_DISPATCH_DEVICE(x, masked_fill, x, m, value, out);
+  TG_DISPATCH_DEVICE(x, MaskedFillKernels, masked_fill, x, m, value, out);
   return out;
 }
 }  // namespace
@@ -24,15 +26,9 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
   TG_CHECK(broadcast_shapes("masked_fill", x.shape(), mask.shape()) == x.shape(), "masked_fill: mask ",
            mask.shape(), " does not broadcast to x ", x.shape());
   Tensor out = masked_fill_untracked(x, mask, value);
-  return autograd::record("masked_fill", out, {x}, {mask.detach()}, [](const Tensor& g, const auto& s) {
+  return autograd::record(OpId::masked_fill, out, {x}, {mask.detach()}, [](const Tensor& g, const auto& s, const auto&) {
     return std::vector<Tensor>{masked_fill_untracked(g, s[0], 0.0)};
   });
 }
-
-namespace cpu {
-void masked_fill(const Tensor& x, const Tensor& mask, double value, const Tensor& out) {
-  masked_fill_with(Loop{"masked_fill"}, x, mask, value, out);
-}
-}  // namespace cpu
 
 }  // namespace tg

@@ -1,10 +1,6 @@
 #include "core/cuda_loops.cuh"
-#include "ops/masked_fill.h"
+#include "ops/masked_fill_kernels.h"
 
-namespace tg::cuda {
-
-void masked_fill(const Tensor& x, const Tensor& mask, double value, const Tensor& out) {
-  masked_fill_with(Loop{"masked_fill"}, x, mask, value, out);
+namespace tg {
+TG_INSTANTIATE_KERNELS(MaskedFillKernels, Device::CUDA);
 }
-
-}  // namespace tg::cuda

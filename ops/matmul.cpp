@@ -3,10 +3,11 @@
 #include <Eigen/Core>
 
 #include "autograd/engine.h"
-#include "core/dispatch.h"
 #include "core/indexing.h"
-#include "ops/copy.h"
+#include "ops/elementwise.h"
+#include "ops/matmul_kernels.h"
 #include "ops/reduce.h"
+#include "ops/untracked.h"
 #include "ops/views.h"
 
 namespace tg {
@@ -14,6 +15,8 @@ namespace tg {
 namespace {
 
 using Grads = std::vector<Tensor>;
+using autograd::grad_if;
+using autograd::GradMask;
 
 // Strides of x's last two dims as BLAS sees them: a unit stride on one side and a
 // leading dimension that covers the other. Size-1 dims get the strides BLAS expects.
@@ -81,73 +84,7 @@ Tensor with_batch(const char* op, const Tensor& x, const Shape& out_shape) {
 
 }  // namespace
 
-void gemm_into(const char* op, const Tensor& a_in, const Tensor& b_in, const Tensor& c, double beta,
-               MatmulPrecision precision) {
-  if (c.numel() == 0) return;
-  const Tensor a = blas_compatible(with_batch(op, a_in, c.shape()));
-  const Tensor b = blas_compatible(with_batch(op, b_in, c.shape()));
-  GemmProblem p;
-  p.dtype = c.dtype();
-  p.n = c.shape()[c.dim() - 2];
-  p.m = c.shape()[c.dim() - 1];
-  p.k = a.shape()[a.dim() - 1];
-  p.a = matrix_of(a);
-  p.b = matrix_of(b);
-  p.c = matrix_of(c);
-  p.batch = batch_dims(a, b, c);
-  p.beta = beta;
-  p.precision = resolve_precision(precision);
-  TG_DISPATCH_DEVICE(c, gemm, p);
-}
-
-Tensor matmul(const Tensor& a, const Tensor& b, MatmulPrecision precision) {
-  check_defined("matmul", "a", a);
-  check_defined("matmul", "b", b);
-  check_same_dtype_device("matmul", a, b);
-  Tensor out = empty(matmul_shape(a, b), {a.dtype(), a.device()});
-  gemm_into("matmul", a, b, out, 0.0, precision);
-  return autograd::record("matmul", out, {a, b}, {a, b}, [precision](const Tensor& g, const auto& s) {
-    const Tensor& a = s[0];
-    const Tensor& b = s[1];
-    return Grads{sum_to(matmul(g, b.transpose(-1, -2), precision), a.shape()),
-                 sum_to(matmul(a.transpose(-1, -2), g, precision), b.shape())};
-  });
-}
-
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, MatmulPrecision precision) {
-  check_defined("linear", "x", x);
-  check_defined("linear", "weight", w);
-  check_same_dtype_device("linear", x, w);
-  TG_CHECK(w.dim() == 2, "linear: weight must be [out, in], got ", w.shape());
-  TG_CHECK(x.dim() >= 1 && x.shape().back() == w.shape()[1], "linear: x ", x.shape(),
-           " and weight ", w.shape(), " do not agree on in_features (", x.shape().back(), " vs ",
-           w.shape()[1], ")");
-  const int64_t in = w.shape()[1], out_features = w.shape()[0];
-  if (b.defined()) {
-    check_same_dtype_device("linear", x, b);
-    TG_CHECK(b.shape() == Shape{out_features}, "linear: bias ", b.shape(), " must be [", out_features,
-             "] for weight ", w.shape());
-  }
-  const Tensor x2 = rows_view(materialize(x), in);
-  Shape out_shape = x.shape();
-  out_shape.back() = out_features;
-  Tensor y2 = empty({x2.shape()[0], out_features}, {x.dtype(), x.device()});
-  if (b.defined()) copy_into(y2, broadcast_view("linear", b, y2.shape()));  // y = b, then y += x W^T
-  gemm_into("linear", x2, transposed_view(w), y2, b.defined() ? 1.0 : 0.0, precision);
-  Tensor y = y2.view(out_shape);
-  const bool has_bias = b.defined();
-  return autograd::record("linear", y, {x, w, b}, {x2, w},
-                          [precision, has_bias, x_shape = x.shape()](const Tensor& g, const auto& s) {
-    const Tensor& x2 = s[0];
-    const Tensor& w = s[1];
-    const Tensor g2 = rows_view(materialize(g), w.shape()[0]);
-    Tensor gx = matmul(g2, w, precision).view(x_shape);
-    Tensor gw = matmul(g2.transpose(0, 1), x2, precision);
-    return Grads{gx, gw, has_bias ? sum(g2, {0}) : Tensor()};  // column sums in fp32, whatever the precision
-  });
-}
-
-namespace cpu {
+namespace {
 
 template <class T>
 void gemm_typed(const GemmProblem& p) {
@@ -171,10 +108,80 @@ void gemm_typed(const GemmProblem& p) {
   }
 }
 
-void gemm(const GemmProblem& p) {
+}  // namespace
+
+template <>
+void GemmKernels<Device::CPU>::gemm(const GemmProblem& p) {
   TG_DISPATCH_FLOAT(p.dtype, T, [&] { gemm_typed<T>(p); });
 }
 
-}  // namespace cpu
+void gemm_into(const char* op, const Tensor& a_in, const Tensor& b_in, const Tensor& c, double beta,
+               MatmulPrecision precision) {
+  if (c.numel() == 0) return;
+  if (a_in.shape().back() == 0) {  // an empty sum: C = beta C
+    if (beta == 0.0) fill_into(c, 0.0);
+    else copy_into(c, mul(c, beta));
+    return;
+  }
+  const Tensor a = blas_compatible(with_batch(op, a_in, c.shape()));
+  const Tensor b = blas_compatible(with_batch(op, b_in, c.shape()));
+  GemmProblem p;
+  p.dtype = c.dtype();
+  p.n = c.shape()[c.dim() - 2];
+  p.m = c.shape()[c.dim() - 1];
+  p.k = a.shape()[a.dim() - 1];
+  p.a = matrix_of(a);
+  p.b = matrix_of(b);
+  p.c = matrix_of(c);
+  p.batch = batch_dims(a, b, c);
+  p.beta = beta;
+  p.precision = resolve_precision(precision);
+  TG_DISPATCH_DEVICE(c, GemmKernels, gemm, p);
+}
+
+Tensor matmul(const Tensor& a, const Tensor& b, MatmulPrecision precision) {
+  check_defined("matmul", "a", a);
+  check_defined("matmul", "b", b);
+  check_same_dtype_device("matmul", a, b);
+  Tensor out = empty(matmul_shape(a, b), {a.dtype(), a.device()});
+  gemm_into("matmul", a, b, out, 0.0, precision);
+  const GradMask m = autograd::grad_mask({a, b});
+  return autograd::record(OpId::matmul, out, {a, b}, {autograd::keep_if(m[0], b), autograd::keep_if(m[1], a)},
+                          [precision, sa = a.shape(), sb = b.shape()](const Tensor& g, const auto& s, const GradMask& needs) {
+    return Grads{grad_if(needs[0], [&] { return sum_to(matmul(g, s[0].transpose(-1, -2), precision), sa); }),
+                 grad_if(needs[1], [&] { return sum_to(matmul(s[1].transpose(-1, -2), g, precision), sb); })};
+  });
+}
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, MatmulPrecision precision) {
+  check_defined("linear", "x", x);
+  check_defined("linear", "weight", w);
+  check_same_dtype_device("linear", x, w);
+  TG_CHECK(w.dim() == 2, "linear: weight must be [out, in], got ", w.shape());
+  TG_CHECK(x.dim() >= 1, "linear: x must have at least one dim [..., in], got ", x.shape());
+  TG_CHECK(x.shape().back() == w.shape()[1], "linear: x ", x.shape(), " and weight ", w.shape(),
+           " do not agree on in_features (", x.shape().back(), " vs ", w.shape()[1], ")");
+  const int64_t in = w.shape()[1], out_features = w.shape()[0];
+  if (b.defined()) {
+    check_same_dtype_device("linear", x, b);
+    TG_CHECK(b.shape() == Shape{out_features}, "linear: bias ", b.shape(), " must be [", out_features,
+             "] for weight ", w.shape());
+  }
+  const Tensor x2 = rows_view(materialize(x), in);
+  Shape out_shape = x.shape();
+  out_shape.back() = out_features;
+  Tensor y2 = empty({x2.shape()[0], out_features}, {x.dtype(), x.device()});
+  if (b.defined()) copy_into(y2, broadcast_view("linear", b, y2.shape()));  // y = b, then y += x W^T
+  gemm_into("linear", x2, transposed_view(w), y2, b.defined() ? 1.0 : 0.0, precision);
+  Tensor y = y2.view(out_shape);
+  const GradMask m = autograd::grad_mask({x, w, b});
+  return autograd::record(OpId::linear, y, {x, w, b}, {autograd::keep_if(m[1], x2), autograd::keep_if(m[0], w)},
+                          [precision, x_shape = x.shape(), out_features](const Tensor& g, const auto& s, const GradMask& needs) {
+    const Tensor g2 = rows_view(materialize(g), out_features);
+    return Grads{grad_if(needs[0], [&] { return matmul(g2, s[1], precision).view(x_shape); }),
+                 grad_if(needs[1], [&] { return matmul(g2.transpose(0, 1), s[0], precision); }),
+                 grad_if(needs[2], [&] { return sum(g2, {0}); })};  // column sums in g's own dtype, never TF32
+  });
+}
 
 }  // namespace tg

@@ -2,12 +2,28 @@
 
 #include "autograd/engine.h"
 #include "core/cpu_loops.h"
-#include "core/dispatch.h"
 #include "ops/copy.h"
+#include "ops/untracked.h"
 #include "ops/elementwise.h"
+#include "ops/reduce_kernels.h"
 #include "ops/views.h"
 
 namespace tg {
+
+template <>
+void ReduceKernels<Device::CPU>::sum_rows(const Tensor& x, const Tensor& out, int64_t rows, int64_t cols) {
+  TG_DISPATCH_FLOAT(x.dtype(), T, [&] {
+    const T* in = x.data<T>();
+    T* o = out.data<T>();
+    cpu::parallel_for(rows, [&](int64_t r) {
+      double acc = 0;
+      for (int64_t j = 0; j < cols; ++j) acc += in[r * cols + j];
+      o[r] = static_cast<T>(acc);
+    });
+  });
+}
+
+TG_INSTANTIATE_KERNELS(ReduceKernels, Device::CPU);
 
 namespace {
 
@@ -47,11 +63,11 @@ Tensor sum_over(const Tensor& x, const std::vector<bool>& reduced, const Shape& 
     int64_t reduced_rows, kept_cols;
     const Tensor reduced_first = grouped_view(x, reduced, true, reduced_rows, kept_cols);
     if (reduced_first.is_contiguous() && kept_cols >= 32) {
-      TG_DISPATCH_DEVICE(x, sum_columns, reduced_first, out, reduced_rows, kept_cols);
+      TG_DISPATCH_DEVICE(x, ReduceKernels, sum_columns, reduced_first, out, reduced_rows, kept_cols);
       return out;
     }
   }
-  TG_DISPATCH_DEVICE(x, sum_rows, materialize(kept_first), out, rows, cols);
+  TG_DISPATCH_DEVICE(x, ReduceKernels, sum_rows, materialize(kept_first), out, rows, cols);
   return out;
 }
 
@@ -71,7 +87,7 @@ Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   const std::vector<bool> reduced = reduced_mask("sum", x, dims);
   Tensor out = sum_over(x, reduced, kept_shape(x, reduced, keepdim));
   const Shape in_shape = x.shape(), keep_shape = kept_shape(x, reduced, true);
-  return autograd::record("sum", out, {x}, {}, [in_shape, keep_shape](const Tensor& g, const auto&) {
+  return autograd::record(OpId::sum, out, {x}, {}, [in_shape, keep_shape](const Tensor& g, const auto&, const auto&) {
     return std::vector<Tensor>{expand(reshape(g, keep_shape), in_shape)};
   });
 }
@@ -100,8 +116,8 @@ Tensor mean(const Tensor& x) {
 Tensor sum_to(const Tensor& x, const Shape& shape) {
   check_defined("sum_to", "x", x);
   if (x.shape() == shape) return x;
-  broadcast_shapes("sum_to", shape, x.shape());
-  TG_CHECK(shape.size() <= x.shape().size(), "sum_to: cannot sum shape ", x.shape(), " to ", shape);
+  TG_CHECK(shape.size() <= x.shape().size() && broadcast_shapes("sum_to", shape, x.shape()) == x.shape(),
+           "sum_to: cannot sum shape ", x.shape(), " to ", shape, " (", shape, " must broadcast to ", x.shape(), ")");
   const size_t lead = x.shape().size() - shape.size();
   std::vector<int64_t> dims;
   for (size_t d = 0; d < x.shape().size(); ++d)
@@ -109,26 +125,5 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
   return reshape(sum(x, dims, true), shape);
 }
 
-namespace cpu {
-
-void sum_rows(const Tensor& x, const Tensor& out, int64_t rows, int64_t cols) {
-  TG_DISPATCH_FLOAT(x.dtype(), T, [&] {
-    const T* in = x.data<T>();
-    T* o = out.data<T>();
-    parallel_for(rows, [&](int64_t r) {
-      double acc = 0;
-      for (int64_t j = 0; j < cols; ++j) acc += in[r * cols + j];
-      o[r] = static_cast<T>(acc);
-    });
-  });
-}
-
-void sum_columns(const Tensor& x, const Tensor& out, int64_t rows, int64_t cols) {
-  TG_DISPATCH_FLOAT(x.dtype(), T, [&] {
-    column_sums_with(Loop{"sum"}, ReadValue<T>{x.data<T>(), cols}, rows, cols, out.data<T>(), x.device());
-  });
-}
-
-}  // namespace cpu
 
 }  // namespace tg

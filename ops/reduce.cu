@@ -1,6 +1,6 @@
 #include "core/cuda_loops.cuh"
 #include "core/cuda_reduce.cuh"
-#include "ops/reduce.h"
+#include "ops/reduce_kernels.h"
 
 namespace tg::cuda {
 
@@ -50,16 +50,17 @@ void sum_rows_typed(const T* x, T* out, int64_t rows, int64_t cols) {
 
 }  // namespace
 
-void sum_rows(const Tensor& x, const Tensor& out, int64_t rows, int64_t cols) {
-  if (rows == 0) return;
-  TG_DISPATCH_FLOAT(x.dtype(), T, [&] { sum_rows_typed(x.data<T>(), out.data<T>(), rows, cols); });
-  check_launch("sum");
-}
-
-void sum_columns(const Tensor& x, const Tensor& out, int64_t rows, int64_t cols) {
-  TG_DISPATCH_FLOAT(x.dtype(), T, [&] {
-    column_sums_with(Loop{"sum"}, ReadValue<T>{x.data<T>(), cols}, rows, cols, out.data<T>(), x.device());
-  });
-}
-
 }  // namespace tg::cuda
+
+namespace tg {
+
+template <>
+void ReduceKernels<Device::CUDA>::sum_rows(const Tensor& x, const Tensor& out, int64_t rows, int64_t cols) {
+  if (rows == 0) return;
+  TG_DISPATCH_FLOAT(x.dtype(), T, [&] { cuda::sum_rows_typed(x.data<T>(), out.data<T>(), rows, cols); });
+  cuda::check_launch("sum");
+}
+
+TG_INSTANTIATE_KERNELS(ReduceKernels, Device::CUDA);
+
+}  // namespace tg

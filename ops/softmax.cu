@@ -4,7 +4,7 @@
 
 #include "core/cuda_loops.cuh"
 #include "core/cuda_reduce.cuh"
-#include "ops/softmax.h"
+#include "ops/softmax_kernels.h"
 
 namespace tg::cuda {
 
@@ -19,8 +19,8 @@ __global__ void softmax_forward_kernel(const T* x, T* y, int64_t rows, int64_t c
   if (row >= rows) return;
   WarpRow<T, K> r{x + row * cols, cols, static_cast<int>(threadIdx.x % 32)};
   T mx = -INFINITY;
-  r.sweep([&](int k, int64_t j) { mx = max(mx, r.load(k, j)); });
-  mx = warp_max(mx);
+  r.sweep([&](int k, int64_t j) { mx = nan_max(mx, r.load(k, j)); });
+  mx = warp_reduce(mx, [](T a, T b) { return nan_max(a, b); });
   const bool all_masked = isinf(mx) && mx < 0;  // every key masked: the row is zeros
   const auto shifted_exp = [&](T v) { return all_masked ? T(0) : exp(v - mx); };
   T sum = 0;
@@ -66,7 +66,13 @@ struct RowsDescriptor {
 
 }  // namespace
 
-void softmax_forward(const Tensor& x, const Tensor& y, int64_t rows, int64_t cols) {
+}  // namespace tg::cuda
+
+namespace tg {
+
+template <>
+void SoftmaxKernels<Device::CUDA>::forward(const Tensor& x, const Tensor& y, int64_t rows, int64_t cols) {
+  using namespace cuda;
   if (rows == 0) return;
   TG_DISPATCH_FLOAT(x.dtype(), T, [&] {
     with_row_registers(cols, [&](auto k) {
@@ -77,7 +83,10 @@ void softmax_forward(const Tensor& x, const Tensor& y, int64_t rows, int64_t col
   check_launch("softmax");
 }
 
-void softmax_backward(const Tensor& y, const Tensor& g, const Tensor& gx, int64_t rows, int64_t cols) {
+template <>
+void SoftmaxKernels<Device::CUDA>::backward(const Tensor& y, const Tensor& g, const Tensor& gx, int64_t rows,
+                                            int64_t cols) {
+  using namespace cuda;
   if (rows == 0) return;
   TG_DISPATCH_FLOAT(y.dtype(), T, [&] {
     with_row_registers(cols, [&](auto k) {
@@ -88,7 +97,7 @@ void softmax_backward(const Tensor& y, const Tensor& g, const Tensor& gx, int64_
   check_launch("softmax_backward");
 }
 
-void softmax_forward_cudnn(const Tensor& x, const Tensor& y, int64_t rows, int64_t cols) {
+void cuda::softmax_forward_cudnn(const Tensor& x, const Tensor& y, int64_t rows, int64_t cols) {
   if (rows == 0) return;
   const RowsDescriptor d(x, rows, cols);
   TG_CUDA_CHECK(cudnnSoftmaxForward(context().cudnn, CUDNN_SOFTMAX_ACCURATE, CUDNN_SOFTMAX_MODE_INSTANCE, d.one.get(),
@@ -97,7 +106,7 @@ void softmax_forward_cudnn(const Tensor& x, const Tensor& y, int64_t rows, int64
   check_launch("softmax (cuDNN)");
 }
 
-void softmax_backward_cudnn(const Tensor& y, const Tensor& g, const Tensor& gx, int64_t rows, int64_t cols) {
+void cuda::softmax_backward_cudnn(const Tensor& y, const Tensor& g, const Tensor& gx, int64_t rows, int64_t cols) {
   if (rows == 0) return;
   const RowsDescriptor d(y, rows, cols);
   TG_CUDA_CHECK(cudnnSoftmaxBackward(context().cudnn, CUDNN_SOFTMAX_ACCURATE, CUDNN_SOFTMAX_MODE_INSTANCE, d.one.get(),
@@ -106,4 +115,4 @@ void softmax_backward_cudnn(const Tensor& y, const Tensor& g, const Tensor& gx, 
   check_launch("softmax_backward (cuDNN)");
 }
 
-}  // namespace tg::cuda
+}  // namespace tg

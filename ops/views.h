@@ -26,12 +26,4 @@ Tensor unsqueeze(const Tensor& x, int64_t dim);
 Tensor squeeze(const Tensor& x, int64_t dim);  // dim must have size 1
 Tensor contiguous(const Tensor& x);
 
-// Untracked helpers for kernels (no tape entry):
-// x broadcast to `shape` with stride-0 dims;
-Tensor broadcast_view(const char* op, const Tensor& x, const Shape& shape);
-// x with its last two dims swapped;
-Tensor transposed_view(const Tensor& x);
-// contiguous x seen as [numel / cols, cols].
-Tensor rows_view(const Tensor& x, int64_t cols);
-
 }  // namespace tg

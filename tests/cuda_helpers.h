@@ -2,14 +2,11 @@
 // compare the output and every input gradient.
 #pragma once
 #include "helpers.h"
+#include "op_table.h"
 
 namespace tgtest {
 
 inline const bool kNoGpu = !tg::cuda::is_available();
-
-struct Tolerance {
-  double atol, rtol;
-};
 
 // max over elements of |gpu - cpu| / (atol + rtol |cpu|): <= 1 passes. NaN fails.
 inline double parity_error(const tg::Tensor& gpu, const tg::Tensor& cpu, Tolerance tol) {

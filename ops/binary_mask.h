@@ -1,0 +1,12 @@
+// The one rule for 0/1 masks (edit-region masks, attention masks, explicit
+// dropout keep masks): every value is exactly 0 or 1. A mask that breaks it
+// is a tg::Error naming the op, the argument, the first offending element and
+// its value. The check reads the mask once (a device sync on CUDA).
+#pragma once
+#include "core/tensor.h"
+
+namespace tg {
+
+void check_binary_mask(const char* op, const char* arg, const Tensor& mask);
+
+}  // namespace tg

@@ -1,0 +1,70 @@
+// Copy and fill kernels, written once for both devices.
+#pragma once
+#include "core/dispatch.h"
+#include "core/indexing.h"
+#include "core/map_args.h"
+#include "core/tensor.h"
+
+namespace tg {
+
+template <class D, class S>
+struct CopyStrided {
+  D* dst;
+  const S* src;
+  StridedIndexer dst_idx, src_idx;
+  TG_HD void operator()(int64_t i) const { dst[dst_idx.offset(i)] = static_cast<D>(src[src_idx.offset(i)]); }
+};
+
+template <class T>
+struct FillStrided {
+  T* dst;
+  StridedIndexer idx;
+  bool contiguous;  // index i is offset i: no index arithmetic
+  T value;
+  TG_HD void operator()(int64_t i) const { dst[contiguous ? i : idx.offset(i)] = value; }
+};
+
+template <class T>
+struct Identity {
+  TG_HD T operator()(T x) const { return x; }
+};
+
+// Same-device kernels.
+template <Device Dev>
+struct CopyKernels {
+  static void copy_strided(const Tensor& dst, const Tensor& src);
+  static void fill(const Tensor& dst, double value);
+};
+TG_EXTERN_CUDA_KERNELS(CopyKernels);
+
+template <Device Dev>
+void CopyKernels<Dev>::copy_strided(const Tensor& dst, const Tensor& src) {
+  const Loop<Dev> loop{"copy_"};
+  if (dst.is_contiguous() && dst.dtype() == src.dtype()) {  // a gather: the packed map path
+    TG_DISPATCH_FLOAT(dst.dtype(), T, [&] { loop.map(make_map_args<T, 1>(loop.op, dst, {src}), Identity<T>{}); });
+    return;
+  }
+  Shape shape = dst.shape();
+  std::vector<Shape> strides = {dst.strides(), src.strides()};
+  collapse_dims(shape, strides);
+  const StridedIndexer di = make_indexer(loop.op, shape, strides[0]), si = make_indexer(loop.op, shape, strides[1]);
+  TG_DISPATCH_FLOAT(dst.dtype(), D, [&] {
+    TG_DISPATCH_FLOAT(src.dtype(), S, [&] { loop(dst.numel(), CopyStrided<D, S>{dst.data<D>(), src.data<S>(), di, si}); });
+  });
+}
+
+template <Device Dev>
+void CopyKernels<Dev>::fill(const Tensor& dst, double value) {
+  const Loop<Dev> loop{"fill_"};
+  TG_DISPATCH_FLOAT(dst.dtype(), T, [&] {
+    loop(dst.numel(), FillStrided<T>{dst.data<T>(), make_indexer(loop.op, dst.shape(), dst.strides()),
+                                     dst.is_contiguous(), static_cast<T>(value)});
+  });
+}
+
+namespace cuda {
+// dst and src contiguous, same dtype, one on each device.
+void copy_between_devices(const Tensor& dst, const Tensor& src);
+}
+
+}  // namespace tg

@@ -1,0 +1,146 @@
+// The elementwise formulas (forward and derivative, once, TG_HD) and the
+// kernels that map them over tensors on either device.
+#pragma once
+#include <cmath>
+
+#include "core/dispatch.h"
+#include "core/hd.h"
+#include "core/map_args.h"
+#include "core/tensor.h"
+
+namespace tg {
+
+enum class UnaryOp { Neg, MulScalar, AddScalar, Exp, Log, Tanh, Relu, Gelu, Silu };
+enum class BinaryOp { Add, Sub, Mul, Div };
+
+namespace math {
+
+constexpr double kGeluK0 = 0.7978845608028654;  // sqrt(2 / pi)
+constexpr double kGeluK1 = 0.044715;
+
+// What a unary op's derivative reads: nothing (a constant), its input, or its output.
+enum class Reads { Nothing, Input, Output };
+constexpr Reads derivative_reads(UnaryOp op) {
+  switch (op) {
+    case UnaryOp::Neg:
+    case UnaryOp::MulScalar:
+    case UnaryOp::AddScalar: return Reads::Nothing;
+    case UnaryOp::Exp:
+    case UnaryOp::Tanh: return Reads::Output;
+    case UnaryOp::Log:
+    case UnaryOp::Relu:
+    case UnaryOp::Gelu:
+    case UnaryOp::Silu: return Reads::Input;
+  }
+  return Reads::Input;
+}
+
+template <class T>
+TG_HD T sigmoid(T x) { return T(1) / (T(1) + std::exp(-x)); }
+
+template <class T>
+TG_HD T unary_forward(UnaryOp op, T x, T c) {
+  switch (op) {
+    case UnaryOp::Neg: return -x;
+    case UnaryOp::MulScalar: return c * x;
+    case UnaryOp::AddScalar: return x + c;
+    case UnaryOp::Exp: return std::exp(x);
+    case UnaryOp::Log: return std::log(x);
+    case UnaryOp::Tanh: return std::tanh(x);
+    case UnaryOp::Relu: return x > T(0) ? x : T(0);
+    case UnaryOp::Gelu: return T(0.5) * x * (T(1) + std::tanh(T(kGeluK0) * (x + T(kGeluK1) * x * x * x)));
+    case UnaryOp::Silu: return x * sigmoid(x);
+  }
+  return x;
+}
+
+// dy/dx, given v = y or x as derivative_reads(op) says (ignored for constants).
+template <class T>
+TG_HD T unary_derivative(UnaryOp op, T v, T c) {
+  switch (op) {
+    case UnaryOp::Neg: return T(-1);
+    case UnaryOp::MulScalar: return c;
+    case UnaryOp::AddScalar: return T(1);
+    case UnaryOp::Exp: return v;
+    case UnaryOp::Log: return T(1) / v;
+    case UnaryOp::Tanh: return T(1) - v * v;
+    case UnaryOp::Relu: return v > T(0) ? T(1) : T(0);
+    case UnaryOp::Gelu: {
+      const T t = std::tanh(T(kGeluK0) * (v + T(kGeluK1) * v * v * v));
+      return T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) * T(kGeluK0) * (T(1) + T(3 * kGeluK1) * v * v);
+    }
+    case UnaryOp::Silu: {
+      const T s = sigmoid(v);
+      return s * (T(1) + v * (T(1) - s));
+    }
+  }
+  return T(0);
+}
+
+template <class T>
+TG_HD T binary_forward(BinaryOp op, T a, T b) {
+  switch (op) {
+    case BinaryOp::Add: return a + b;
+    case BinaryOp::Sub: return a - b;
+    case BinaryOp::Mul: return a * b;
+    case BinaryOp::Div: return a / b;
+  }
+  return a;
+}
+
+template <class T>
+struct UnaryForward {
+  UnaryOp op;
+  T c;
+  TG_HD T operator()(T x) const { return unary_forward(op, x, c); }
+};
+
+template <class T>
+struct UnaryBackward {  // (g, v) -> g * dy/dx
+  UnaryOp op;
+  T c;
+  TG_HD T operator()(T g, T v) const { return g * unary_derivative(op, v, c); }
+};
+
+template <class T>
+struct BinaryForward {
+  BinaryOp op;
+  TG_HD T operator()(T a, T b) const { return binary_forward(op, a, b); }
+};
+
+}  // namespace math
+
+// Kernels on tensors already broadcast to out's shape; out is contiguous.
+template <Device D>
+struct ElementwiseKernels {
+  static void unary_forward(UnaryOp op, double c, const Tensor& x, const Tensor& out);
+  static void unary_backward(UnaryOp op, double c, const Tensor& g, const Tensor& v, const Tensor& out);
+  static void binary_forward(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out);
+};
+TG_EXTERN_CUDA_KERNELS(ElementwiseKernels);
+
+template <Device D>
+void ElementwiseKernels<D>::unary_forward(UnaryOp op, double c, const Tensor& x, const Tensor& out) {
+  const Loop<D> loop{"unary"};
+  TG_DISPATCH_FLOAT(x.dtype(), T, [&] {
+    loop.map(make_map_args<T, 1>(loop.op, out, {x}), math::UnaryForward<T>{op, static_cast<T>(c)});
+  });
+}
+
+template <Device D>
+void ElementwiseKernels<D>::unary_backward(UnaryOp op, double c, const Tensor& g, const Tensor& v, const Tensor& out) {
+  const Loop<D> loop{"unary_backward"};
+  TG_DISPATCH_FLOAT(g.dtype(), T, [&] {
+    loop.map(make_map_args<T, 2>(loop.op, out, {g, v}), math::UnaryBackward<T>{op, static_cast<T>(c)});
+  });
+}
+
+template <Device D>
+void ElementwiseKernels<D>::binary_forward(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
+  const Loop<D> loop{"binary"};
+  TG_DISPATCH_FLOAT(a.dtype(), T, [&] {
+    loop.map(make_map_args<T, 2>(loop.op, out, {a, b}), math::BinaryForward<T>{op});
+  });
+}
+
+}  // namespace tg

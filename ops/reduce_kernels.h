@@ -1,0 +1,65 @@
+// Reduction kernels: row sums, and column sums written once for both devices.
+#pragma once
+#include "core/dispatch.h"
+#include "core/hd.h"
+#include "core/tensor.h"
+
+namespace tg {
+
+// Column sums out[c] = sum_r value(r, c), so that tall-narrow and short-wide
+// problems both fill the device: partial sums over chunks of kColumnChunk rows,
+// one work item per (chunk, column) — neighbouring items read neighbouring
+// columns, so loads coalesce — then the same again over the partials, until
+// one chunk is left.
+constexpr int64_t kColumnChunk = 16;
+
+template <class T, class Value>
+struct ColumnChunkSum {
+  Value value;
+  T* partial;  // [chunks, cols]
+  int64_t rows, cols;
+  TG_HD void operator()(int64_t i) const {
+    const int64_t c = i % cols, first = (i / cols) * kColumnChunk;
+    const int64_t last = first + kColumnChunk < rows ? first + kColumnChunk : rows;
+    T acc = 0;
+    for (int64_t r = first; r < last; ++r) acc += value(r, c);
+    partial[i] = acc;
+  }
+};
+
+template <class T>
+struct ReadValue {  // value(r, c) = x[r, c] of a contiguous [rows, cols]
+  const T* x;
+  int64_t cols;
+  TG_HD T operator()(int64_t r, int64_t c) const { return x[r * cols + c]; }
+};
+
+template <class T, class Loop, class Value>
+void column_sums_with(const Loop& loop, const Value& value, int64_t rows, int64_t cols, T* out, Device device) {
+  if (rows <= kColumnChunk) {
+    loop(cols, ColumnChunkSum<T, Value>{value, out, rows, cols});
+    return;
+  }
+  const int64_t chunks = (rows + kColumnChunk - 1) / kColumnChunk;
+  const Tensor partial = empty({chunks, cols}, {dtype_of<T>(), device});
+  loop(chunks * cols, ColumnChunkSum<T, Value>{value, partial.data<T>(), rows, cols});
+  column_sums_with(loop, ReadValue<T>{partial.data<T>(), cols}, chunks, cols, out, device);
+}
+
+// Kernels on a contiguous x viewed as [rows, cols]:
+// sum_rows: out[r] = sum_j x[r, j];  sum_columns: out[c] = sum_r x[r, c].
+template <Device D>
+struct ReduceKernels {
+  static void sum_rows(const Tensor& x, const Tensor& out, int64_t rows, int64_t cols);
+  static void sum_columns(const Tensor& x, const Tensor& out, int64_t rows, int64_t cols);
+};
+TG_EXTERN_CUDA_KERNELS(ReduceKernels);
+
+template <Device D>
+void ReduceKernels<D>::sum_columns(const Tensor& x, const Tensor& out, int64_t rows, int64_t cols) {
+  TG_DISPATCH_FLOAT(x.dtype(), T, [&] {
+    column_sums_with(Loop<D>{"sum"}, ReadValue<T>{x.data<T>(), cols}, rows, cols, out.data<T>(), D);
+  });
+}
+
+}  // namespace tg

@@ -1,0 +1,201 @@
+// engine/ and concurrency/: the backward walk from the root (graph discovery,
+// dependency order, per-call state), needs-grad masks, long chains, threads.
+// CI also runs this file's cases under ThreadSanitizer (.ci/run).
+#include <chrono>
+#include <cmath>
+#include <set>
+#include <thread>
+
+#include "autograd/node.h"
+#include "helpers.h"
+
+using namespace tgtest;
+
+namespace {
+tg::Tensor leaf(std::vector<double> v) {
+  const tg::Shape s{static_cast<int64_t>(v.size())};
+  return tg::from_vector(v, s, {tg::DType::Float64}).requires_grad_();
+}
+
+double seconds_for(const std::function<void()>& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+TEST_CASE("engine/a second backward over a freed shared subgraph is an error; retained, it adds 3 e^x") {
+  SUBCASE("freed") {
+    tg::Tensor x = leaf({0.5, -1.0});
+    const tg::Tensor y = tg::exp(x);
+    const tg::Tensor l1 = tg::sum(y), l2 = tg::sum(tg::mul(y, 2.0));
+    l1.backward();
+    const std::string msg = error_of([&] { l2.backward(); });
+    CHECK(contains(msg, "backward: op 'exp' was already freed by an earlier backward()"));
+    CHECK(contains(msg, "retain_graph=true"));
+    CHECK(x.grad().at({0}) == doctest::Approx(std::exp(0.5)).epsilon(1e-14));  // only l1's part, from the first call
+  }
+  SUBCASE("retained") {
+    tg::Tensor x = leaf({0.5, -1.0});
+    const tg::Tensor y = tg::exp(x);
+    const tg::Tensor l1 = tg::sum(y), l2 = tg::sum(tg::mul(y, 2.0));
+    l1.backward(tg::Tensor(), /*retain_graph=*/true);
+    l2.backward();
+    CHECK(x.grad().at({0}) == doctest::Approx(3 * std::exp(0.5)).epsilon(1e-14));
+    CHECK(x.grad().at({1}) == doctest::Approx(3 * std::exp(-1.0)).epsilon(1e-14));
+  }
+}
+
+TEST_CASE("engine/a backward that throws changes no gradient and leaves nothing for the next one") {
+  tg::Tensor x1 = leaf({1, 2}), x2 = leaf({3, 4});
+  tg::Tensor w = tg::from_vector({5, 6}, {2}, {tg::DType::Float64});
+  // x1's branch is sound; x2's saved w is modified before backward.
+  const tg::Tensor loss = tg::add(tg::sum(tg::mul(x1, 2.0)), tg::sum(tg::mul(x2, w)));
+  w.mul_(2.0);
+  CHECK(contains(error_of([&] { loss.backward(); }), "saved for backward was modified in place"));
+  CHECK_FALSE(x1.grad().defined());  // not even the branch that ran
+  CHECK_FALSE(x2.grad().defined());
+  tg::Tensor z = leaf({7});
+  tg::sum(tg::mul(z, 3.0)).backward();  // an unrelated graph afterwards
+  CHECK(z.grad().item() == 3.0);
+  CHECK_FALSE(x1.grad().defined());
+}
+
+TEST_CASE("engine/backward on another thread than the one that built the graph") {
+  tg::Tensor x = leaf({1, 2, 3});
+  const tg::Tensor loss = tg::sum(tg::mul(x, x));
+  std::thread([&] { loss.backward(); }).join();
+  CHECK(x.grad().to_vector() == std::vector<double>{2, 4, 6});
+  tg::Tensor z = leaf({1});
+  tg::sum(tg::mul(z, 5.0)).backward();  // a later backward here must not replay the first one
+  CHECK(x.grad().to_vector() == std::vector<double>{2, 4, 6});
+  CHECK(z.grad().item() == 5.0);
+}
+
+TEST_CASE("engine/the cost of a backward does not grow with unrelated live graphs") {
+  auto tiny_backwards = [] {
+    for (int i = 0; i < 200; ++i) {
+      tg::Tensor x = leaf({1});
+      tg::sum(tg::mul(x, 2.0)).backward();
+    }
+  };
+  const double alone = seconds_for(tiny_backwards);
+  tg::Tensor base = leaf({1});
+  std::vector<tg::Tensor> unrelated;
+  for (int i = 0; i < 100000; ++i) unrelated.push_back(tg::add(base, 1.0));
+  const double crowded = seconds_for(tiny_backwards);
+  CAPTURE(alone);
+  CAPTURE(crowded);
+  CHECK(crowded < 10 * alone + 0.05);  // the tape engine took 370x longer here
+}
+
+TEST_CASE("engine/a 1,000,000-node chain runs backward and is released without deep recursion") {
+  const int64_t before = tg::autograd::live_nodes();
+  tg::Tensor x = leaf({0});
+  tg::Tensor y = x;
+  for (int i = 0; i < 1000000; ++i) y = tg::add(y, 1.0);
+  CHECK(y.item() == 1000000.0);
+  CHECK(tg::autograd::live_nodes() == before + 1000000);
+  tg::sum(y).backward();
+  CHECK(x.grad().item() == 1.0);
+  y = tg::Tensor();  // the last handle: the whole chain goes, iteratively
+  CHECK(tg::autograd::live_nodes() == before);
+  tg::Tensor z = leaf({0});
+  for (int i = 0; i < 200000; ++i) z = tg::add(z, 1.0);
+  z = tg::Tensor();  // never differentiated
+  CHECK(tg::autograd::live_nodes() == before);
+}
+
+TEST_CASE("engine/each closure is told which inputs need a gradient") {
+  tg::Tensor a = leaf({1, 2}), b = tg::from_vector({3, 4}, {2}, {tg::DType::Float64});
+  tg::autograd::GradMask seen;
+  tg::Tensor out = tg::autograd::record("probe", tg::add(a.detach(), b), {a, b, tg::Tensor()}, {},
+                                        [&](const tg::Tensor& g, const auto&, const tg::autograd::GradMask& needs) {
+                                          seen = needs;
+                                          return std::vector<tg::Tensor>{g, tg::Tensor(), tg::Tensor()};
+                                        });
+  tg::sum(out).backward();
+  CHECK(seen == tg::autograd::GradMask{true, false, false});
+  CHECK(a.grad().to_vector() == std::vector<double>{1, 1});
+  CHECK(out.grad_fn()->name == "probe");
+}
+
+TEST_CASE("engine/ops save only what their needed gradients read") {
+  auto storage_of = [](const tg::Tensor& t) { return std::weak_ptr<tg::Storage>(t.impl()->storage); };
+  tg::Tensor x = leaf({1, 2, 3});
+  SUBCASE("scalar ops save nothing: the scores of mul(s, scale) can go") {
+    tg::Tensor s = tg::add(x, 1.0);
+    const auto s_storage = storage_of(s);
+    const tg::Tensor scaled = tg::neg(tg::mul(tg::add(s, 2.0), 0.125));
+    s = tg::Tensor();
+    CHECK(s_storage.expired());
+    tg::sum(scaled).backward();
+    CHECK(x.grad().to_vector() == std::vector<double>{-0.125, -0.125, -0.125});
+  }
+  SUBCASE("mul keeps only the other operand of the input that needs a gradient") {
+    tg::Tensor a = tg::add(x, 1.0);  // requires grad
+    const tg::Tensor b = tg::from_vector({4, 5, 6}, {3}, {tg::DType::Float64});
+    const auto a_storage = storage_of(a);
+    const tg::Tensor y = tg::mul(a, b);
+    a = tg::Tensor();
+    CHECK(a_storage.expired());  // b's gradient is not needed, so a is not kept
+    tg::sum(y).backward();
+    CHECK(x.grad().to_vector() == std::vector<double>{4, 5, 6});
+  }
+  SUBCASE("matmul with a constant right operand keeps only that operand") {
+    tg::Tensor a = tg::add(tg::randn({2, 3}, {tg::DType::Float64}).requires_grad_(), 0.0);
+    const auto a_storage = storage_of(a);
+    const tg::Tensor y = tg::matmul(a, tg::randn({3, 4}, {tg::DType::Float64}));
+    a = tg::Tensor();
+    CHECK(a_storage.expired());
+  }
+}
+
+TEST_CASE("engine/error texts: implied seed, freed graph, version counter") {
+  tg::Tensor x = leaf({1, 2});
+  CHECK(contains(error_of([&] { tg::mul(x, 2.0).backward(); }), "a seed gradient can be implied only for a tensor with one element"));
+  const tg::Tensor loss = tg::sum(tg::exp(x));
+  loss.backward();
+  CHECK(contains(error_of([&] { loss.backward(); }), "the graph behind this tensor (op 'sum') was freed"));
+}
+
+TEST_CASE("concurrency/two threads accumulating into one leaf lose no update") {
+  tg::Tensor w = leaf({1, 1, 1, 1});
+  constexpr int kSteps = 200;
+  auto work = [&] {
+    for (int i = 0; i < kSteps; ++i) tg::sum(tg::mul(w, 0.5)).backward();
+  };
+  std::thread t1(work), t2(work);
+  t1.join();
+  t2.join();
+  CHECK(w.grad().to_vector() == std::vector<double>(4, 2 * kSteps * 0.5));
+}
+
+TEST_CASE("concurrency/threads drawing random tensors get distinct draws") {
+  constexpr int kDraws = 500;
+  std::vector<uint64_t> offsets[2];
+  auto draw = [&](int t) {
+    for (int i = 0; i < kDraws; ++i) {
+      offsets[t].push_back(tg::default_generator().next().offset);
+      tg::rand({4});
+    }
+  };
+  std::thread t1(draw, 0), t2(draw, 1);
+  t1.join();
+  t2.join();
+  std::set<uint64_t> all(offsets[0].begin(), offsets[0].end());
+  all.insert(offsets[1].begin(), offsets[1].end());
+  CHECK(all.size() == 2 * kDraws);
+}
+
+TEST_CASE("concurrency/threads running backward over one retained graph") {
+  tg::Tensor x = leaf({1, 2});
+  const tg::Tensor loss = tg::sum(tg::mul(tg::exp(x), 2.0));
+  auto work = [&] {
+    for (int i = 0; i < 50; ++i) loss.backward(tg::Tensor(), /*retain_graph=*/true);
+  };
+  std::thread t1(work), t2(work);
+  t1.join();
+  t2.join();
+  CHECK(x.grad().at({1}) == doctest::Approx(100 * 2 * std::exp(2.0)).epsilon(1e-12));
+}

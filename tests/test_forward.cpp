@@ -1,0 +1,231 @@
+// forward/<op>: forward values, and derivatives at chosen points, against
+// values computed independently of this library: hand arithmetic, or
+// mpmath at 40 digits (the references below; see each comment). gradcheck
+// cannot see a bug shared by a forward and its backward (a wrong constant);
+// these can.
+#include <cmath>
+#include <limits>
+
+#include "helpers.h"
+
+using namespace tgtest;
+
+namespace {
+
+const double kInf = std::numeric_limits<double>::infinity();
+const std::vector<double> kPoints = {-2.5, -1.0, -0.3, 0.0, 0.7, 1.3, 3.1};
+
+// |got - want| <= 1e-12 |want| (+ 1e-300 for zeros), element by element.
+void check_close(const std::vector<double>& got, const std::vector<double>& want, double rel = 1e-12) {
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    CAPTURE(i);
+    CHECK(std::abs(got[i] - want[i]) <= rel * std::abs(want[i]) + 1e-300);
+  }
+}
+
+// f(points) and f'(points), through the library's forward and backward.
+void check_unary(tg::Tensor (*f)(const tg::Tensor&), const std::vector<double>& points, const std::vector<double>& value,
+                 const std::vector<double>& derivative) {
+  tg::Tensor x = tg::from_vector(points, {static_cast<int64_t>(points.size())}, {tg::DType::Float64}).requires_grad_();
+  const tg::Tensor y = f(x);
+  check_close(y.to_vector(), value);
+  if (derivative.empty()) return;
+  tg::sum(y).backward();
+  check_close(x.grad().to_vector(), derivative);
+}
+
+}  // namespace
+
+TEST_CASE("forward/exp, tanh, gelu, silu, log at fixed points (mpmath references)") {
+  SUBCASE("exp") {
+    const std::vector<double> e = {0.082084998623898795170, 0.36787944117144232160, 0.74081822068171787429, 1.0,
+                                   2.0137527074704764322,   3.6692966676192443834,  22.197951281441635376};
+    check_unary(tg::exp, kPoints, e, e);
+  }
+  SUBCASE("tanh") {
+    check_unary(tg::tanh, kPoints,
+                {-0.98661429815143028888, -0.76159415595576488812, -0.29131261245159089566, 0.0,
+                 0.60436777711716346812, 0.86172315931330637573, 0.99594935922190023644},
+                {0.026592226683160619656, 0.41997434161402606939, 0.91513696182662920906, 1.0,
+                 0.63473958998245862144, 0.25743319670309399925, 0.0080848738654863224531});
+  }
+  SUBCASE("gelu, tanh form with k0 = sqrt(2/pi), k1 = 0.044715") {
+    check_unary(tg::gelu, kPoints,
+                {-0.015084266089998582079, -0.15880800939172329522, -0.11462907645724074890, 0.0,
+                 0.53057013470511670784, 1.1739290123173094486, 3.0973733897694503137},
+                {-0.037951576212666182634, -0.082964083845782555140, 0.26770454836119818591, 0.5,
+                 0.97635721865610394590, 1.1258780697840167133, 1.0087393960512661319});
+  }
+  SUBCASE("silu") {
+    check_unary(tg::silu, kPoints,
+                {-0.18964545005310887798, -0.26894142136999512075, -0.12766724495650229994, 0.0,
+                 0.46773144051771623801, 1.0215854779553262410, 2.9663675096826331164},
+                {-0.099401111341526841138, 0.072329488128513268211, 0.35221998968111725743, 0.5,
+                 0.82338678347334242444, 1.0046228542523369215, 1.0847647055477578931});
+  }
+  SUBCASE("log") {
+    check_unary(tg::log, {0.05, 0.3, 1.0, 2.5, 7.0},
+                {-2.9957322735539909379, -1.2039728043259360296, 0.0, 0.91629073187415506518, 1.9459101490553133051},
+                {20.0, 1.0 / 0.3, 1.0, 0.4, 1.0 / 7.0});
+  }
+}
+
+TEST_CASE("forward/relu, neg and the scalar ops, with derivatives at the kink") {
+  check_unary(tg::relu, kPoints, {0, 0, 0, 0, 0.7, 1.3, 3.1}, {0, 0, 0, 0, 1, 1, 1});  // relu'(0) = 0, as in PyTorch
+  check_unary(tg::neg, kPoints, {2.5, 1.0, 0.3, 0.0, -0.7, -1.3, -3.1}, std::vector<double>(7, -1.0));
+  check_unary([](const tg::Tensor& x) { return tg::mul(x, 0.5); }, kPoints, {-1.25, -0.5, -0.15, 0, 0.35, 0.65, 1.55},
+              std::vector<double>(7, 0.5));
+  check_unary([](const tg::Tensor& x) { return tg::add(x, 2.0); }, kPoints, {-0.5, 1.0, 1.7, 2.0, 2.7, 3.3, 5.1},
+              std::vector<double>(7, 1.0));
+}
+
+TEST_CASE("forward/binary ops with broadcasting") {
+  const tg::Tensor a = tg::from_vector({1, 2, 3, 4, 5, 6}, {2, 3});
+  const tg::Tensor row = tg::from_vector({10, 20, 30}, {3});
+  CHECK((a + row).to_vector() == std::vector<double>{11, 22, 33, 14, 25, 36});
+  CHECK((a - row).to_vector() == std::vector<double>{-9, -18, -27, -6, -15, -24});
+  CHECK((a * row).to_vector() == std::vector<double>{10, 40, 90, 40, 100, 180});
+  check_close((tg::from_vector({1, 2, 3}, {3, 1}, {tg::DType::Float64}) / tg::from_vector({4, 8}, {1, 2}, {tg::DType::Float64})).to_vector(),
+              {0.25, 0.125, 0.5, 0.25, 0.75, 0.375});
+  CHECK((a * 2.0 + 1.0).to_vector() == std::vector<double>{3, 5, 7, 9, 11, 13});
+}
+
+TEST_CASE("forward/matmul") {
+  const tg::Tensor a = tg::from_vector({1, 2, 3, 4, 5, 6}, {2, 3});
+  const tg::Tensor b = tg::from_vector({7, 8, 9, 10, 11, 12}, {3, 2});
+  CHECK(tg::matmul(a, b).to_vector() == std::vector<double>{58, 64, 139, 154});
+  CHECK(tg::matmul(b.transpose(0, 1), a.transpose(0, 1)).to_vector() == std::vector<double>{58, 139, 64, 154});
+  const tg::Tensor batched = tg::matmul(a.expand({3, 2, 3}), b);
+  CHECK(batched.shape() == tg::Shape{3, 2, 2});
+  CHECK(batched.at({2, 1, 1}) == 154);
+}
+
+TEST_CASE("forward/linear") {
+  const tg::Tensor x = tg::from_vector({1, 2}, {1, 2});
+  const tg::Tensor w = tg::from_vector({1, 0, 0, 1, 1, 1}, {3, 2});
+  const tg::Tensor b = tg::from_vector({10, 20, 30}, {3});
+  CHECK(tg::linear(x, w, b).to_vector() == std::vector<double>{11, 22, 33});
+}
+
+TEST_CASE("forward/sum and mean against hand-computed values") {
+  const tg::Tensor a = tg::arange(24, {tg::DType::Float64}).view({2, 3, 4});  // a[i,j,k] = 12 i + 4 j + k
+  CHECK(tg::sum(a).item() == 276);
+  CHECK(tg::sum(a, {1}).shape() == tg::Shape{2, 4});
+  CHECK(tg::sum(a, {1}).at({1, 2}) == 14 + 18 + 22);
+  CHECK(tg::sum(a, {0, 2}, true).shape() == tg::Shape{1, 3, 1});
+  CHECK(tg::sum(a, {0, 2}, true).at({0, 1, 0}) == (4 + 5 + 6 + 7) + (16 + 17 + 18 + 19));
+  CHECK(tg::mean(a, {2}).at({0, 0}) == 1.5);
+  CHECK(tg::sum(a.transpose(0, 2), {0}).at({1, 0}) == 4 + 5 + 6 + 7);  // a[0,1,:], read through a transpose
+  CHECK(tg::sum_to(a, {3, 1}).to_vector() == std::vector<double>{(0 + 1 + 2 + 3) + (12 + 13 + 14 + 15),
+                                                                  (4 + 5 + 6 + 7) + (16 + 17 + 18 + 19),
+                                                                  (8 + 9 + 10 + 11) + (20 + 21 + 22 + 23)});
+  const tg::Tensor tall = tg::arange(130 * 40, {tg::DType::Float64}).view({130, 40});  // column-sum path: 3 chunks
+  CHECK(tg::sum(tall, {0}).at({7}) == 130 * 7 + 40.0 * (129 * 130 / 2));
+}
+
+TEST_CASE("forward/softmax") {
+  const tg::Tensor x = tg::from_vector({0, std::log(3.0), -kInf, -kInf}, {2, 2}, {tg::DType::Float64});
+  const std::vector<double> y = tg::softmax(x).to_vector();
+  check_close({y[0], y[1]}, {0.25, 0.75}, 1e-15);
+  CHECK(y[2] == 0.0);  // fully masked row: zeros, not NaN
+  CHECK(y[3] == 0.0);
+}
+
+TEST_CASE("forward/softmax backward through an all -inf row and through an additive -inf bias is finite and 0 there") {
+  SUBCASE("a leaf holding an all -inf row") {
+    tg::Tensor x = tg::from_vector({-kInf, -kInf, -kInf, 1, 2, 3}, {2, 3}, {tg::DType::Float64}).requires_grad_();
+    tg::softmax(x).backward(tg::from_vector({1, 2, 3, 4, 5, 6}, {2, 3}, {tg::DType::Float64}));
+    const std::vector<double> g = x.grad().to_vector();
+    CHECK(g[0] == 0.0);
+    CHECK(g[1] == 0.0);
+    CHECK(g[2] == 0.0);
+    for (double v : g) CHECK(std::isfinite(v));
+  }
+  SUBCASE("x + bias with -inf entries, gradient to both") {
+    tg::Tensor x = tg::from_vector({0.5, -1, 2, 0.3, 0.1, -0.2}, {2, 3}, {tg::DType::Float64}).requires_grad_();
+    tg::Tensor bias = tg::from_vector({0, -kInf, 0, -kInf, -kInf, -kInf}, {2, 3}, {tg::DType::Float64}).requires_grad_();
+    tg::softmax(tg::add(x, bias)).backward(tg::from_vector({1, 2, 3, 4, 5, 6}, {2, 3}, {tg::DType::Float64}));
+    for (const tg::Tensor& g : {x.grad(), bias.grad()}) {
+      const std::vector<double> v = g.to_vector();
+      for (double e : v) CHECK(std::isfinite(e));
+      CHECK(v[1] == 0.0);  // a masked key
+      CHECK(v[3] == 0.0);  // the fully masked row
+      CHECK(v[4] == 0.0);
+      CHECK(v[5] == 0.0);
+    }
+    // Row 0 over keys {0, 2}: y = softmax(0.5, 2), dx_j = y_j (g_j - sum g y).
+    const double y0 = 1 / (1 + std::exp(1.5)), y2 = 1 - y0, dot = 1 * y0 + 3 * y2;
+    check_close({x.grad().at({0, 0}), x.grad().at({0, 2})}, {y0 * (1 - dot), y2 * (3 - dot)}, 1e-14);
+  }
+}
+
+TEST_CASE("forward/dropout keeps exactly the elements whose Philox uniform is >= p, scaled by 1/(1-p)") {
+  const tg::PhiloxState rng{3, 9};
+  const tg::Tensor x = tg::randn({1000}, {tg::DType::Float64});
+  const std::vector<double> y = tg::dropout(x, {0.25, rng}).to_vector(), xv = x.to_vector();
+  for (int64_t i = 0; i < 1000; ++i) {
+    const double keep = tg::philox_uniform(rng, i) >= 0.25f ? 1.0 : 0.0;  // the rule, evaluated here
+    CHECK(y[i] == xv[i] * keep * (1.0 / 0.75));
+  }
+}
+
+TEST_CASE("forward/dropout masks: rate, lanes and neighbours within 5 sigma of Bernoulli(1 - p)") {
+  const double p = 0.1, q = 1 - p;
+  const int64_t n = 400000;
+  const std::vector<double> m = tg::dropout_mask({n}, p, {21, 7}, {tg::DType::Float64}).to_vector();
+  double kept = 0, pairs = 0, lane[4] = {};
+  for (int64_t i = 0; i < n; ++i) {
+    CHECK((m[i] == 0.0 || m[i] == 1.0));
+    kept += m[i];
+    lane[i % 4] += m[i];
+    if (i + 1 < n) pairs += m[i] * m[i + 1];
+  }
+  auto within = [](double count, double trials, double prob) {
+    return std::abs(count - trials * prob) <= 5 * std::sqrt(trials * prob * (1 - prob));
+  };
+  CHECK(within(kept, n, q));
+  for (double l : lane) CHECK(within(l, n / 4, q));  // each Philox lane on its own
+  CHECK(within(pairs, n - 1, q * q));                // neighbours independent
+}
+
+TEST_CASE("forward/edit_bias and its gradient outside the corner") {
+  const tg::Tensor E = tg::arange(2 * 3 * 3, {tg::DType::Float64}).view({2, 3, 3}).detach().requires_grad_();
+  const tg::Tensor win = tg::from_vector({10, 20}, {2, 1, 1}, {tg::DType::Float64, tg::Device::CPU, true});
+  const tg::Tensor wx = tg::from_vector({100, 200}, {2, 1, 1}, {tg::DType::Float64, tg::Device::CPU, true});
+  const tg::Tensor e = tg::from_vector({1, 0}, {1, 2}, {tg::DType::Float64});
+  const tg::Tensor out = tg::edit_bias(E, win, wx, e);
+  CHECK(out.shape() == tg::Shape{1, 2, 2, 2});
+  CHECK(out.at({0, 0, 0, 0}) == 0 + 10);        // both inside
+  CHECK(out.at({0, 0, 0, 1}) == 1 + 100);       // one inside
+  CHECK(out.at({0, 1, 1, 0}) == 9 + 3 + 200);   // h=1, i=1, j=0: E[1,1,0] = 12
+  CHECK(out.at({0, 1, 1, 1}) == 9 + 4);         // both outside
+  tg::sum(out).backward();
+  CHECK(E.grad().at({0, 2, 2}) == 0.0);  // outside the S x S corner
+  CHECK(E.grad().at({1, 1, 1}) == 1.0);
+  CHECK(win.grad().at({0, 0, 0}) == 1.0);
+  CHECK(wx.grad().at({1, 0, 0}) == 2.0);
+}
+
+TEST_CASE("forward/layer_norm") {
+  const tg::Tensor x = tg::from_vector({1, 2, 3, 4}, {1, 4}, {tg::DType::Float64});
+  const std::vector<double> y = tg::layer_norm(x, tg::Tensor(), tg::Tensor(), 1e-12).to_vector();
+  const double sd = std::sqrt(1.25 + 1e-12);
+  check_close(y, {-1.5 / sd, -0.5 / sd, 0.5 / sd, 1.5 / sd});
+}
+
+TEST_CASE("forward/mse_loss, clone and cast") {
+  CHECK(tg::mse_loss(tg::from_vector({1, 2}, {2}), tg::from_vector({3, 2}, {2})).item() == 2.0);
+  CHECK(tg::clone(tg::from_vector({1.5, -2}, {2})).to_vector() == std::vector<double>{1.5, -2});
+  tg::Tensor x = tg::from_vector({1.25, -2.5, 3}, {3}, {tg::DType::Float64}).requires_grad_();
+  tg::sum(x.to(tg::DType::Float32).to(tg::DType::Float64) * 2.0).backward();
+  CHECK(x.grad().dtype() == tg::DType::Float64);
+  CHECK(x.grad().to_vector() == std::vector<double>{2, 2, 2});
+}
+
+TEST_CASE("gradcheck/a NaN or Inf on either side fails") {
+  tg::Tensor at_minus_one = tg::from_vector({-1.0}, {1}, {tg::DType::Float64}).requires_grad_();
+  const tg::GradcheckResult r = tg::gradcheck([](const std::vector<tg::Tensor>& t) { return tg::log(t[0]); }, {at_minus_one});
+  CHECK_FALSE(r.ok);
+  CHECK(contains(r.report, "nan"));
+}
