@@ -64,4 +64,10 @@ Tensor region_attention_decomposed(const Tensor& x, const Tensor& edit_mask, con
   return linear(o, p.out_weight, p.out_bias);
 }
 
+Tensor region_attention(const Tensor& x, const Tensor& edit_mask, const Tensor& attn_mask,
+                        const RegionAttentionParams& params, const DropoutOptions& dropout, AttentionImpl impl) {
+  if (impl == AttentionImpl::Decomposed) return region_attention_decomposed(x, edit_mask, attn_mask, params, dropout);
+  TG_FAIL("region_attention: the fused implementation is not built yet");
+}
+
 }  // namespace tg

@@ -30,7 +30,17 @@ struct RegionAttentionParams {
   std::vector<Tensor> parameters() const;
 };
 
-// x [B,S,C]; edit_mask [B,S] (1 = inside the edit region); attn_mask [B,S] (0 = masked key).
+// How the attention core runs: as the graph of small ops, or as one fused op
+// (ops/fused_attention.h) recorded as a single node.
+enum class AttentionImpl { Decomposed, Fused };
+
+// The layer: x [B,S,C]; edit_mask [B,S] (1 = inside the edit region);
+// attn_mask [B,S] (0 = masked key); both hold only 0 and 1.
+Tensor region_attention(const Tensor& x, const Tensor& edit_mask, const Tensor& attn_mask,
+                        const RegionAttentionParams& params, const DropoutOptions& dropout = {},
+                        AttentionImpl impl = AttentionImpl::Decomposed);
+
+// The decomposed form, op by op.
 Tensor region_attention_decomposed(const Tensor& x, const Tensor& edit_mask, const Tensor& attn_mask,
                                    const RegionAttentionParams& params, const DropoutOptions& dropout = {});
 
