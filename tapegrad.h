@@ -12,6 +12,7 @@
 #include "ops/dropout.h"
 #include "ops/edit_bias.h"
 #include "ops/elementwise.h"
+#include "ops/fused_attention.h"
 #include "ops/layer_norm.h"
 #include "ops/masked_fill.h"
 #include "ops/matmul.h"

@@ -11,7 +11,8 @@
   X(view) X(permute) X(transpose) X(narrow) X(expand) X(unsqueeze) X(squeeze)      \
   X(contiguous) X(clone) X(cast) X(to_device)                                      \
   X(matmul) X(linear)                                                              \
-  X(softmax) X(masked_fill) X(dropout) X(edit_bias) X(layer_norm) X(mse_loss)
+  X(softmax) X(masked_fill) X(dropout) X(edit_bias) X(layer_norm) X(mse_loss)                       \
+  X(fused_attention)
 
 namespace tg {
 

@@ -23,42 +23,12 @@
 #include "autograd/node.h"
 #include "core/cuda_context.h"
 #include "tapegrad.h"
+#include "bench/timing.h"
 #include "tests/op_table.h"
 
 namespace {
 
-constexpr int kWarmup = 10, kRuns = 50;
-constexpr size_t kFlushBytes = size_t(512) << 20;  // > the H200's 60 MB L2
-
-class Timer {
- public:
-  Timer() {
-    TG_CUDA_CHECK(cudaEventCreate(&start_), "bench");
-    TG_CUDA_CHECK(cudaEventCreate(&stop_), "bench");
-    flush_ = tg::empty({static_cast<int64_t>(kFlushBytes / 4)}, {tg::DType::Float32, tg::Device::CUDA});
-  }
-  // Median milliseconds of fn over kRuns cold-L2 runs.
-  double median_ms(const std::function<void()>& fn) {
-    for (int i = 0; i < kWarmup; ++i) fn();
-    std::vector<double> ms;
-    for (int i = 0; i < kRuns; ++i) {
-      TG_CUDA_CHECK(cudaMemsetAsync(flush_.raw_data(), i, kFlushBytes, tg::cuda::stream()), "bench flush");
-      TG_CUDA_CHECK(cudaEventRecord(start_, tg::cuda::stream()), "bench");
-      fn();
-      TG_CUDA_CHECK(cudaEventRecord(stop_, tg::cuda::stream()), "bench");
-      TG_CUDA_CHECK(cudaEventSynchronize(stop_), "bench");
-      float t = 0;
-      TG_CUDA_CHECK(cudaEventElapsedTime(&t, start_, stop_), "bench");
-      ms.push_back(t);
-    }
-    std::sort(ms.begin(), ms.end());
-    return ms[ms.size() / 2];
-  }
-
- private:
-  cudaEvent_t start_{}, stop_{};
-  tg::Tensor flush_;
-};
+using tgbench::Timer;
 
 struct Row {
   std::string op, pass;
@@ -117,22 +87,8 @@ int main(int argc, char** argv) {
 
   tg::manual_seed(0);
   Timer timer;
-  const double f = 4;  // bytes per float32
-
-  // ---- ceilings
-  const int64_t copy_n = int64_t(1) << 29;  // 2 GiB
-  tg::Tensor src = tg::empty({copy_n}, {tg::DType::Float32, tg::Device::CUDA}), dst = tg::empty_like(src);
-  src.fill_(1.0);
-  const double copy_ms = timer.median_ms([&] {
-    TG_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), copy_n * f, cudaMemcpyDeviceToDevice, tg::cuda::stream()), "bench");
-  });
-  const double copy_gbs = 2 * copy_n * f / copy_ms / 1e6;
-  src = dst = tg::Tensor();
-  const int64_t g = 8192;
-  const tg::Tensor ga = tg::randn({g, g}).cuda(), gb = tg::randn({g, g}).cuda();
-  const double gemm_ms = timer.median_ms([&] { tg::matmul(ga, gb, tg::MatmulPrecision::Highest); });
-  const double tf32_ms = timer.median_ms([&] { tg::matmul(ga, gb, tg::MatmulPrecision::High); });
-  const double fp32_tflops = 2.0 * g * g * g / gemm_ms / 1e9, tf32_tflops = 2.0 * g * g * g / tf32_ms / 1e9;
+  const tgbench::Ceilings ceil = tgbench::measure_ceilings(timer);
+  const double copy_gbs = ceil.copy_gbs, fp32_tflops = ceil.fp32_tflops, tf32_tflops = ceil.tf32_tflops;
 
   // ---- the op table's bench rows
   std::vector<Row> rows;

@@ -1,7 +1,7 @@
 // bench/train_step: one training step of the region-aware attention layer
 // (forward + backward of the whole layer, projections included, dropout
-// p = 0.1) at the spec's sizes, at "highest" (fp32) and "high" (TF32), with
-// the step's peak device memory. bench/train_step.py measures PyTorch eager on
+// p = 0.1) at the spec's sizes, decomposed and fused, at "highest" (fp32) and
+// "high" (TF32), with the step's peak device memory. bench/train_step.py measures PyTorch eager on
 // the same layer and sizes, the same way, in the same GPU script.
 //
 // Method: 3 warm-up steps, then 20 steps each timed with the host clock
@@ -40,7 +40,7 @@ tg::RegionAttentionParams on_cuda(const tg::RegionAttentionParams& p) {
   return q;
 }
 
-Result measure(const tg::RegionAttentionParams& params, Size size, const std::string& precision) {
+Result measure(const tg::RegionAttentionParams& params, Size size, const std::string& precision, tg::AttentionImpl impl) {
   tg::set_float32_matmul_precision(precision);
   const int64_t C = params.qkv_weight.size(1);
   const tg::Tensor x = tg::randn({size.B, size.S, C}).cuda().requires_grad_();
@@ -49,7 +49,7 @@ Result measure(const tg::RegionAttentionParams& params, Size size, const std::st
   const tg::Tensor dy = tg::randn({size.B, size.S, C}).cuda();
   tg::RegionAttentionParams p = params;
   auto step = [&] {
-    tg::region_attention_decomposed(x, e, a, p, {0.1}).backward(dy);
+    tg::region_attention(x, e, a, p, {0.1}, impl).backward(dy);
     for (tg::Tensor& t : p.parameters()) t.zero_grad();
     tg::Tensor(x).zero_grad();
   };
@@ -67,7 +67,7 @@ Result measure(const tg::RegionAttentionParams& params, Size size, const std::st
   step();
   tg::cuda::synchronize();
   const double peak = static_cast<double>(tg::cuda::memory_stats().peak_allocated) / (1 << 20);
-  return {"decomposed", precision, size, ms[ms.size() / 2], peak};
+  return {impl == tg::AttentionImpl::Fused ? "fused" : "decomposed", precision, size, ms[ms.size() / 2], peak};
 }
 
 }  // namespace
@@ -83,8 +83,10 @@ int main(int argc, char** argv) {
   tg::manual_seed(0);
   const tg::RegionAttentionParams params = on_cuda(tg::RegionAttentionParams::init({1024, 16, 1024}));
   std::vector<Result> results;
-  for (const std::string precision : {"highest", "high"})
-    for (const Size size : {Size{8, 1024}, Size{32, 773}, Size{64, 128}}) results.push_back(measure(params, size, precision));
+  for (const tg::AttentionImpl impl : {tg::AttentionImpl::Decomposed, tg::AttentionImpl::Fused})
+    for (const std::string precision : {"highest", "high"})
+      for (const Size size : {Size{8, 1024}, Size{32, 773}, Size{64, 128}})
+        results.push_back(measure(params, size, precision, impl));
 
   std::printf("%-12s %-9s %5s %6s %10s %14s\n", "impl", "precision", "B", "S", "median ms", "peak MiB");
   for (const Result& r : results)

@@ -30,6 +30,22 @@ void set_poison_allocations(bool on);
 // tensor), so compute-sanitizer sees every allocation's true bounds.
 bool caching_enabled();
 
+// Runs tapegrad's CUDA work of this thread on `stream` (a cudaStream_t; null
+// is CUDA's legacy default stream) for the guard's lifetime, like PyTorch's
+// CUDAStreamGuard. The caching allocator keeps blocks per stream, so memory
+// freed on one stream is never handed to work on another.
+class StreamGuard {
+ public:
+  explicit StreamGuard(void* stream);
+  ~StreamGuard();
+  StreamGuard(const StreamGuard&) = delete;
+  StreamGuard& operator=(const StreamGuard&) = delete;
+
+ private:
+  void* previous_;
+  bool had_previous_;
+};
+
 // Synchronous debug mode: synchronise after every op so that an asynchronous
 // fault is blamed on the op that caused it. Also on when TG_CUDA_SYNC=1.
 void set_sync_debug(bool on);

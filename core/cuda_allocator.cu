@@ -36,14 +36,15 @@ class CachingAllocator {
  public:
   void* allocate(std::size_t nbytes) {
     const std::size_t size = block_size(nbytes);
+    const cudaStream_t s = stream();
     std::lock_guard<std::mutex> lock(mutex_);
-    void* p = caching_ ? take_cached(size) : nullptr;
+    void* p = caching_ ? take_cached({s, size}) : nullptr;
     if (!p) p = device_malloc(size);
-    live_[p] = size;
+    live_[p] = {s, size};
     stats_.live_blocks = live_.size();
     stats_.allocated += size;
     stats_.peak_allocated = std::max(stats_.peak_allocated, stats_.allocated);
-    if (poison_) TG_CUDA_CHECK(cudaMemsetAsync(p, 0xFF, size, stream()), "cuda allocator (poison)");
+    if (poison_) TG_CUDA_CHECK(cudaMemsetAsync(p, 0xFF, size, s), "cuda allocator (poison)");
     return p;
   }
 
@@ -51,14 +52,15 @@ class CachingAllocator {
     std::lock_guard<std::mutex> lock(mutex_);
     const auto it = live_.find(p);
     if (it == live_.end()) return;
-    stats_.allocated -= it->second;
+    const Bucket bucket = it->second;
+    stats_.allocated -= bucket.size;
     if (caching_) {
-      free_[it->second].push_back(p);
+      free_[bucket].push_back(p);
     } else {
       // Runs from destructors, so failures are reported, not thrown.
-      report_failure(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");  // the last user may still run
+      report_failure(cudaStreamSynchronize(bucket.stream), "cudaStreamSynchronize");  // the last user may still run
       report_failure(cudaFree(p), "cudaFree");
-      stats_.reserved -= it->second;
+      stats_.reserved -= bucket.size;
     }
     live_.erase(it);
     stats_.live_blocks = live_.size();
@@ -70,7 +72,7 @@ class CachingAllocator {
 
   void empty_cache() {
     std::lock_guard<std::mutex> lock(mutex_);
-    TG_CUDA_CHECK(cudaStreamSynchronize(stream()), "empty_cache");
+    TG_CUDA_CHECK(cudaDeviceSynchronize(), "empty_cache");
     release_cached();
   }
 
@@ -84,8 +86,19 @@ class CachingAllocator {
   }
 
  private:
-  void* take_cached(std::size_t size) {
-    const auto it = free_.find(size);
+  // Blocks are cached per (stream, size): the stream orders a block's old
+  // user before its next one, so reuse needs no event.
+  struct Bucket {
+    cudaStream_t stream;
+    std::size_t size;
+    bool operator==(const Bucket& o) const { return stream == o.stream && size == o.size; }
+  };
+  struct BucketHash {
+    std::size_t operator()(const Bucket& b) const { return std::hash<const void*>()(b.stream) ^ (b.size * 0x9E3779B97F4A7C15ull); }
+  };
+
+  void* take_cached(Bucket bucket) {
+    const auto it = free_.find(bucket);
     if (it == free_.end() || it->second.empty()) return nullptr;
     void* p = it->second.back();
     it->second.pop_back();
@@ -93,10 +106,10 @@ class CachingAllocator {
   }
 
   void release_cached() {
-    for (auto& [size, blocks] : free_)
+    for (auto& [bucket, blocks] : free_)
       for (void* p : blocks) {
         TG_CUDA_CHECK(cudaFree(p), "cuda allocator (release cache)");
-        stats_.reserved -= size;
+        stats_.reserved -= bucket.size;
       }
     free_.clear();
   }
@@ -107,7 +120,7 @@ class CachingAllocator {
     cudaError_t status = cudaMalloc(&p, size);
     if (status == cudaErrorMemoryAllocation) {  // release the cache and try once more
       cudaGetLastError();
-      TG_CUDA_CHECK(cudaStreamSynchronize(stream()), "cuda allocator");
+      TG_CUDA_CHECK(cudaDeviceSynchronize(), "cuda allocator");
       release_cached();
       status = cudaMalloc(&p, size);
     }
@@ -122,8 +135,8 @@ class CachingAllocator {
   const bool caching_ = !env_is_one("TG_CUDA_NO_CACHING");
   bool poison_ = false;
   std::mutex mutex_;
-  std::unordered_map<std::size_t, std::vector<void*>> free_;  // bucket size -> free blocks
-  std::unordered_map<void*, std::size_t> live_;
+  std::unordered_map<Bucket, std::vector<void*>, BucketHash> free_;
+  std::unordered_map<void*, Bucket> live_;
   MemoryStats stats_;
 };
 

@@ -1,11 +1,11 @@
 // The caching device allocator. Sizes are rounded up to buckets (512 B steps
 // below 1 MiB, 2 MiB steps above); a freed block goes to its bucket's free list
-// and serves only requests of that bucket. A step that repeats the previous
-// one's sequence of sizes therefore finds every block it needs in the cache: a
-// training step does no cudaMalloc after the first. Free lists are per stream
-// in principle; tapegrad runs every op on its context's one stream, so there
-// is one set. Reuse on the same stream is safe without events:
-// the stream orders the old user's kernels before the new user's.
+// and serves only requests of that bucket on the same stream (cuda::stream()
+// when it was allocated). A step that repeats the previous one's sequence of
+// sizes therefore finds every block it needs in the cache: a training step
+// does no cudaMalloc after the first. Reuse on the same stream is safe
+// without events: the stream orders the old user's kernels before the new
+// user's.
 #pragma once
 #include <cstddef>
 

@@ -12,7 +12,38 @@ bool sync_debug_flag = [] {
   const char* env = std::getenv("TG_CUDA_SYNC");
   return env && std::string(env) == "1";
 }();
+
+constexpr size_t kCublasWorkspace = size_t(32) << 20;
+
+thread_local bool stream_override = false;
+thread_local cudaStream_t override_stream = nullptr;
 }  // namespace
+
+StreamGuard::StreamGuard(void* s) : previous_(override_stream), had_previous_(stream_override) {
+  context();
+  override_stream = static_cast<cudaStream_t>(s);
+  stream_override = true;
+}
+
+StreamGuard::~StreamGuard() {
+  override_stream = static_cast<cudaStream_t>(previous_);
+  stream_override = had_previous_;
+}
+
+cudaStream_t stream() { return stream_override ? override_stream : context().stream; }
+
+cublasHandle_t cublas() {
+  Context& ctx = context();
+  // Setting the stream also drops the workspace, so both are set together.
+  TG_CUDA_CHECK(cublasSetStream(ctx.cublas, stream()), "cuda context");
+  TG_CUDA_CHECK(cublasSetWorkspace(ctx.cublas, ctx.cublas_workspace, kCublasWorkspace), "cuda context");
+  return ctx.cublas;
+}
+
+cudnnHandle_t cudnn() {
+  TG_CUDA_CHECK(cudnnSetStream(context().cudnn, stream()), "cuda context");
+  return context().cudnn;
+}
 
 bool is_available() { return device_count() > 0; }
 
@@ -39,9 +70,8 @@ Context& context() {
                   "cuda context");
     TG_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx.stream, cudaStreamNonBlocking), "cuda context");
     TG_CUDA_CHECK(cublasCreate(&ctx.cublas), "cuda context");
-    TG_CUDA_CHECK(cublasSetStream(ctx.cublas, ctx.stream), "cuda context");
+    TG_CUDA_CHECK(cudaMalloc(&ctx.cublas_workspace, kCublasWorkspace), "cuda context");
     TG_CUDA_CHECK(cudnnCreate(&ctx.cudnn), "cuda context");
-    TG_CUDA_CHECK(cudnnSetStream(ctx.cudnn, ctx.stream), "cuda context");
   });
   return ctx;
 }

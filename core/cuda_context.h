@@ -16,10 +16,15 @@ struct Context {
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
   cudnnHandle_t cudnn = nullptr;
+  void* cublas_workspace = nullptr;  // fixed, so that cuBLAS allocates nothing (CUDA graph capture)
 };
 
 Context& context();
-inline cudaStream_t stream() { return context().stream; }
+// The stream tapegrad's work goes to on this thread: a StreamGuard's, else the context's.
+cudaStream_t stream();
+// The handles, bound to stream() for the call that follows.
+cublasHandle_t cublas();
+cudnnHandle_t cudnn();
 
 void check(cudaError_t status, const char* op, const char* call);
 void check(cublasStatus_t status, const char* op, const char* call);

@@ -15,5 +15,7 @@ void set_poison_allocations(bool) { no_cuda_backend(); }
 bool caching_enabled() { return false; }
 std::size_t allocation_size(std::size_t) { return no_cuda_backend<std::size_t>(); }
 bool sync_debug() { return false; }
+StreamGuard::StreamGuard(void*) : previous_(nullptr), had_previous_(false) { no_cuda_backend(); }
+StreamGuard::~StreamGuard() = default;
 
 }  // namespace tg::cuda

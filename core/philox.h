@@ -54,6 +54,17 @@ TG_HD float philox_uniform(PhiloxState s, int64_t i) {
   return bits_to_uniform(philox_block(s, static_cast<uint64_t>(i) / 4).v[i % 4]);
 }
 
+// Dropout draws row by row: element (row, col) of a tensor seen as rows of its
+// last dim (`cols` long) takes lane col % 4 of block row * ceil(cols / 4) + col / 4.
+// Every row starts a fresh block, so a kernel that holds a tile of a row can
+// draw its keep bits without reading another row's.
+TG_HD uint64_t dropout_block(int64_t row, int64_t col, int64_t cols) {
+  return static_cast<uint64_t>(row) * static_cast<uint64_t>((cols + 3) / 4) + static_cast<uint64_t>(col / 4);
+}
+TG_HD float dropout_uniform(PhiloxState s, int64_t row, int64_t col, int64_t cols) {
+  return bits_to_uniform(philox_block(s, dropout_block(row, col, cols)).v[col % 4]);
+}
+
 // Standard normal by Box-Muller from two 32-bit lanes of one block.
 TG_HD double philox_normal(PhiloxState s, int64_t i) {
   const Philox4 r = philox_block(s, static_cast<uint64_t>(i) / 2);

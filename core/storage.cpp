@@ -47,7 +47,11 @@ Storage::Storage(std::size_t nbytes, Device device) : nbytes_(nbytes), device_(d
 #endif
 }
 
+Storage::Storage(void* borrowed, std::size_t nbytes, Device device)
+    : data_(borrowed), nbytes_(nbytes), device_(device), owned_(false) {}
+
 Storage::~Storage() {
+  if (!owned_) return;
   if (device_ == Device::CPU) {
     std::free(data_);
     return;

@@ -13,6 +13,8 @@ namespace tg {
 class Storage {
  public:
   Storage(std::size_t nbytes, Device device);
+  // Memory owned by someone else (tg::from_blob): never freed here.
+  Storage(void* borrowed, std::size_t nbytes, Device device);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -28,6 +30,7 @@ class Storage {
   std::size_t nbytes_ = 0;
   Device device_;
   uint64_t version_ = 0;
+  bool owned_ = true;
 };
 
 }  // namespace tg

@@ -261,6 +261,18 @@ Tensor rand(const Shape& shape, TensorOptions opts) {
   return random_tensor("rand", shape, opts, [](PhiloxState s, int64_t i) { return philox_uniform(s, i); });
 }
 
+Tensor from_blob(void* data, const Shape& shape, TensorOptions opts) {
+  const int64_t nbytes = checked_nbytes("from_blob", shape, element_size(opts.dtype));
+  TG_CHECK(data || nbytes == 0, "from_blob: null data for a tensor of shape ", shape);
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(data, static_cast<std::size_t>(nbytes), opts.device);
+  impl->shape = shape;
+  impl->strides = contiguous_strides(shape);
+  impl->dtype = opts.dtype;
+  impl->requires_grad = opts.requires_grad;
+  return Tensor(std::move(impl));
+}
+
 Tensor make_view(const Tensor& t, Shape shape, Shape strides, int64_t offset) {
   check_defined("make_view", "t", t);
   TG_CHECK(shape.size() == strides.size(), "make_view: shape ", shape, " and strides ", strides, " differ in rank");

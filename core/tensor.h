@@ -126,6 +126,10 @@ Tensor scalar_tensor(double value, TensorOptions opts = {});
 Tensor randn(const Shape& shape, TensorOptions opts = {});
 Tensor rand(const Shape& shape, TensorOptions opts = {});
 
+// A contiguous tensor over memory someone else owns and frees (like
+// torch::from_blob); `data` must stay valid while the tensor lives.
+Tensor from_blob(void* data, const Shape& shape, TensorOptions opts = {});
+
 // A new tensor (shape, strides, offset) over t's storage; no copy. Throws
 // when the view reaches outside the storage or has a negative stride.
 Tensor make_view(const Tensor& t, Shape shape, Shape strides, int64_t offset);

@@ -6,6 +6,7 @@
 #include "ops/binary_mask.h"
 #include "ops/edit_bias.h"
 #include "ops/elementwise.h"
+#include "ops/fused_attention.h"
 #include "ops/masked_fill.h"
 #include "ops/matmul.h"
 #include "ops/softmax.h"
@@ -67,7 +68,12 @@ Tensor region_attention_decomposed(const Tensor& x, const Tensor& edit_mask, con
 Tensor region_attention(const Tensor& x, const Tensor& edit_mask, const Tensor& attn_mask,
                         const RegionAttentionParams& params, const DropoutOptions& dropout, AttentionImpl impl) {
   if (impl == AttentionImpl::Decomposed) return region_attention_decomposed(x, edit_mask, attn_mask, params, dropout);
-  TG_FAIL("region_attention: the fused implementation is not built yet");
+  check_defined("region_attention", "x", x);
+  TG_CHECK(x.dim() == 3, "region_attention: x must be [B,S,C], got ", x.shape());
+  const Tensor qkv = linear(x, params.qkv_weight, params.qkv_bias);
+  const Tensor o = fused_attention(qkv, edit_mask, attn_mask, params.edit_region_bias, params.within_edit_bias,
+                                   params.cross_edit_bias, params.heads, dropout);
+  return linear(o, params.out_weight, params.out_bias);
 }
 
 }  // namespace tg

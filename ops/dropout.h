@@ -1,6 +1,7 @@
 // Dropout: y = x * keep / (1 - p). The keep mask is either regenerated from
-// Philox (seed, offset, element index) — never stored — or given explicitly as
-// a 0/1 tensor. Dropout is linear in x, so its backward is the same op on g:
+// Philox (seed, offset, and the element's row and column in the tensor seen
+// as rows of its last dim: core/philox.h, dropout_uniform) — never stored — or
+// given explicitly as a 0/1 tensor. keep = uniform >= p. Dropout is linear in x, so its backward is the same op on g:
 //
 //   x <- g * keep / (1 - p)
 //

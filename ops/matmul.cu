@@ -81,7 +81,7 @@ void GemmKernels<Device::CUDA>::gemm(const GemmProblem& p) {
   const int ldc = static_cast<int>(p.c.row_stride);
   if (p.batch.size() <= 1) {
     const GemmBatchDim d = p.batch.empty() ? GemmBatchDim{} : p.batch.back();
-    TG_CUDA_CHECK(cublasGemmStridedBatchedEx(context().cublas, b.op, a.op, m, n, k, alpha.get(), p.b.ptr, type,
+    TG_CUDA_CHECK(cublasGemmStridedBatchedEx(cublas(), b.op, a.op, m, n, k, alpha.get(), p.b.ptr, type,
                                              static_cast<int>(b.ld), d.stride_b, p.a.ptr, type, static_cast<int>(a.ld),
                                              d.stride_a, beta.get(), p.c.ptr, type, ldc, d.stride_c,
                                              static_cast<int>(d.size), compute_type(p), CUBLAS_GEMM_DEFAULT),
@@ -96,7 +96,7 @@ void GemmKernels<Device::CUDA>::gemm(const GemmProblem& p) {
                            batch_indexer(p, &GemmBatchDim::stride_a), batch_indexer(p, &GemmBatchDim::stride_b),
                            batch_indexer(p, &GemmBatchDim::stride_c), count, elem, scratch.pointers()});
     void** ptrs = scratch.pointers();
-    TG_CUDA_CHECK(cublasGemmBatchedEx(context().cublas, b.op, a.op, m, n, k, alpha.get(), ptrs, type,
+    TG_CUDA_CHECK(cublasGemmBatchedEx(cublas(), b.op, a.op, m, n, k, alpha.get(), ptrs, type,
                                       static_cast<int>(b.ld), ptrs + count, type, static_cast<int>(a.ld), beta.get(),
                                       ptrs + 2 * count, type, ldc, static_cast<int>(count), compute_type(p),
                                       CUBLAS_GEMM_DEFAULT),

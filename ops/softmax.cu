@@ -100,7 +100,7 @@ void SoftmaxKernels<Device::CUDA>::backward(const Tensor& y, const Tensor& g, co
 void cuda::softmax_forward_cudnn(const Tensor& x, const Tensor& y, int64_t rows, int64_t cols) {
   if (rows == 0) return;
   const RowsDescriptor d(x, rows, cols);
-  TG_CUDA_CHECK(cudnnSoftmaxForward(context().cudnn, CUDNN_SOFTMAX_ACCURATE, CUDNN_SOFTMAX_MODE_INSTANCE, d.one.get(),
+  TG_CUDA_CHECK(cudnnSoftmaxForward(cudnn(), CUDNN_SOFTMAX_ACCURATE, CUDNN_SOFTMAX_MODE_INSTANCE, d.one.get(),
                                     d.desc, x.raw_data(), d.zero.get(), d.desc, y.raw_data()),
                 "softmax (cuDNN)");
   check_launch("softmax (cuDNN)");
@@ -109,7 +109,7 @@ void cuda::softmax_forward_cudnn(const Tensor& x, const Tensor& y, int64_t rows,
 void cuda::softmax_backward_cudnn(const Tensor& y, const Tensor& g, const Tensor& gx, int64_t rows, int64_t cols) {
   if (rows == 0) return;
   const RowsDescriptor d(y, rows, cols);
-  TG_CUDA_CHECK(cudnnSoftmaxBackward(context().cudnn, CUDNN_SOFTMAX_ACCURATE, CUDNN_SOFTMAX_MODE_INSTANCE, d.one.get(),
+  TG_CUDA_CHECK(cudnnSoftmaxBackward(cudnn(), CUDNN_SOFTMAX_ACCURATE, CUDNN_SOFTMAX_MODE_INSTANCE, d.one.get(),
                                      d.desc, y.raw_data(), d.desc, g.raw_data(), d.zero.get(), d.desc, gx.raw_data()),
                 "softmax_backward (cuDNN)");
   check_launch("softmax_backward (cuDNN)");

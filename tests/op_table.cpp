@@ -187,6 +187,22 @@ std::vector<OpCase> build_cases() {
            kReduction, kCheckOnly},
           {OpId::mse_loss, "[B,S,C]", {{"B,S,C"}, {"B,S,C"}},
            [](const V& t, const Dims&) { return tg::mse_loss(t[0], t[1]); }, kReduction},
+          // ---- the fused attention core (masked keys; dropout p = 0.1 from a fixed draw)
+          {OpId::fused_attention, "masked keys, p = 0.1",
+           {{"B,S,3C"}, no_grad("B,S", bernoulli(0.5)), no_grad("B,S", bernoulli(0.85)), {"H,M,M", uniform(-0.5, 0.5)},
+            {"H,1,1"}, {"H,1,1"}},
+           [](const V& t, const Dims& d) {
+             return tg::fused_attention(t[0], t[1], t[2], t[3], t[4], t[5], d.H, {0.1, tg::PhiloxState{7, 3}});
+           },
+           kGemm},
+          {OpId::fused_attention, "p = 0, a fully masked batch",
+           {{"B,S,3C"}, no_grad("B,S", bernoulli(0.5)), no_grad("B,S", bernoulli(1.0)), {"H,M,M"}, {"H,1,1"}, {"H,1,1"}},
+           [](const V& t, const Dims& d) {
+             tg::Tensor a = t[2].clone();
+             a.narrow(0, 0, 1).fill_(0.0);
+             return tg::fused_attention(t[0], t[1], a, t[3], t[4], t[5], d.H);
+           },
+           kGemm, kCheckOnly},
       });
 }
 
@@ -195,7 +211,7 @@ std::vector<OpCase> build_cases() {
 Dims dims_for(Use use) {
   switch (use) {
     case kGradcheck: return {2, 2, 5, 4, 2, 7, 6};
-    case kParity: return {3, 4, 37, 64, 16, 45, 1000};
+    case kParity: return {3, 4, 37, 256, 64, 45, 1000};  // D = 64: the fused CUDA kernels' head dim
     case kBench: return {8, 16, 512, 1024, 64, 1024, 1024};
     default: return {};
   }

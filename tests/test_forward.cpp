@@ -162,12 +162,16 @@ TEST_CASE("forward/softmax backward through an all -inf row and through an addit
 
 TEST_CASE("forward/dropout keeps exactly the elements whose Philox uniform is >= p, scaled by 1/(1-p)") {
   const tg::PhiloxState rng{3, 9};
-  const tg::Tensor x = tg::randn({1000}, {tg::DType::Float64});
+  const int64_t rows = 12, cols = 37;  // rows not a whole number of Philox blocks: each row starts a new one
+  const tg::Tensor x = tg::randn({3, rows / 3, cols}, {tg::DType::Float64});
   const std::vector<double> y = tg::dropout(x, {0.25, rng}).to_vector(), xv = x.to_vector();
-  for (int64_t i = 0; i < 1000; ++i) {
-    const double keep = tg::philox_uniform(rng, i) >= 0.25f ? 1.0 : 0.0;  // the rule, evaluated here
-    CHECK(y[i] == xv[i] * keep * (1.0 / 0.75));
-  }
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      // The rule, evaluated here from the generator: block r * ceil(cols/4) + c/4, lane c % 4.
+      const uint32_t bits = tg::philox_block(rng, r * ((cols + 3) / 4) + c / 4).v[c % 4];
+      const double keep = static_cast<double>(bits >> 8) / 16777216.0 >= 0.25 ? 1.0 : 0.0;
+      CHECK(y[r * cols + c] == xv[r * cols + c] * keep * (1.0 / 0.75));
+    }
 }
 
 TEST_CASE("forward/dropout masks: rate, lanes and neighbours within 5 sigma of Bernoulli(1 - p)") {

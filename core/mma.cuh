@@ -1,0 +1,141 @@
+// Tensor-core primitives for float32 data, written once: TF32 rounding, the
+// m16n8k8 TF32 mma.sync, ldmatrix for 32-bit fragments, vector reductions.
+//
+// Fragments of one m16n8k8 product (PTX ISA, "mma.m16n8k8 .tf32"), for lane
+// l with g = l / 4 and t = l % 4:
+//   A (16 x 8, row-major):  a0 (g, t)  a1 (g+8, t)  a2 (g, t+4)  a3 (g+8, t+4)
+//   B (8 x 8, k x n):       b0 (k=t, n=g)  b1 (k=t+4, n=g)
+//   C (16 x 8):             c0 (g, 2t)  c1 (g, 2t+1)  c2 (g+8, 2t)  c3 (g+8, 2t+1)
+// Two precisions share the code through a policy: Tf32 ("high": one TF32
+// product, operands rounded to nearest) and Tf32x3 ("highest": each operand
+// split as big + small, both TF32, and a b ~ a_big b_big + a_big b_small +
+// a_small b_big, which carries fp32-level accuracy).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace tg::cuda::mma {
+
+// x rounded to TF32 (10 mantissa bits), to nearest, ties away from zero.
+__device__ __forceinline__ uint32_t to_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+}
+
+// d += a b on one 16 x 8 x 8 tile of TF32 operands, fp32 accumulation.
+__device__ __forceinline__ void mma_16x8x8(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// "high": one TF32 product per tile.
+struct Tf32 {
+  template <int N>
+  struct Frag {
+    uint32_t big[N];
+  };
+  template <int N>
+  __device__ __forceinline__ static Frag<N> make(const float (&v)[N]) {
+    Frag<N> f;
+#pragma unroll
+    for (int i = 0; i < N; ++i) f.big[i] = to_tf32(v[i]);
+    return f;
+  }
+  __device__ __forceinline__ static void mma(float (&d)[4], const Frag<4>& a, const Frag<2>& b) {
+    mma_16x8x8(d, a.big, b.big);
+  }
+};
+
+// "highest": three TF32 products per tile (the small terms first).
+struct Tf32x3 {
+  template <int N>
+  struct Frag {
+    uint32_t big[N], small[N];
+  };
+  template <int N>
+  __device__ __forceinline__ static Frag<N> make(const float (&v)[N]) {
+    Frag<N> f;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      f.big[i] = to_tf32(v[i]);
+      f.small[i] = to_tf32(v[i] - __uint_as_float(f.big[i]));
+    }
+    return f;
+  }
+  __device__ __forceinline__ static void mma(float (&d)[4], const Frag<4>& a, const Frag<2>& b) {
+    mma_16x8x8(d, a.small, b.big);
+    mma_16x8x8(d, a.big, b.small);
+    mma_16x8x8(d, a.big, b.big);
+  }
+};
+
+// Four 8 x 4 blocks of 32-bit values from shared memory: lane l gives the
+// address of row l % 8 of block l / 8 (16 bytes, 16-byte aligned); register i
+// receives (row l / 4, column l % 4) of block i.
+__device__ __forceinline__ void ldmatrix_x4(float (&v)[4], const float* row) {
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  uint32_t r0, r1, r2, r3;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(address));
+  v[0] = __uint_as_float(r0);
+  v[1] = __uint_as_float(r1);
+  v[2] = __uint_as_float(r2);
+  v[3] = __uint_as_float(r3);
+}
+
+// The A fragment (16 rows x 8 k) of a row-major shared tile: tile row
+// row_of(r) for fragment row r in [0, 16), columns k0 .. k0 + 7.
+template <class RowOf>
+__device__ __forceinline__ void load_a(float (&a)[4], const float* tile, int stride, const RowOf& row_of, int k0,
+                                       int lane) {
+  const int block = lane >> 3, r = (lane & 7) + 8 * (block & 1), c = k0 + 4 * (block >> 1);
+  ldmatrix_x4(a, tile + row_of(r) * stride + c);
+}
+
+// The B fragments of two n-tiles (n0 .. n0 + 15) from a shared tile stored
+// n-major ([n][k], k contiguous): b[j] is n-tile j's {b0, b1} at k0 .. k0 + 7.
+// Tile row row_of(n) holds logical n.
+template <class RowOf>
+__device__ __forceinline__ void load_b_pair(float (&b)[2][2], const float* tile, int stride, const RowOf& row_of,
+                                            int n0, int k0, int lane) {
+  const int block = lane >> 3, n = n0 + (lane & 7) + 8 * (block >> 1), c = k0 + 4 * (block & 1);
+  float v[4];
+  ldmatrix_x4(v, tile + row_of(n) * stride + c);
+  b[0][0] = v[0];
+  b[0][1] = v[1];
+  b[1][0] = v[2];
+  b[1][1] = v[3];
+}
+
+// The A fragment of k-step s of a 16 x 8s accumulator tile, used as the left
+// operand of the next product (k index t <-> accumulator column 2t, k index
+// t + 4 <-> column 2t + 1: the right operand's rows must follow that order).
+__device__ __forceinline__ void accumulator_as_a(float (&a)[4], const float (&c)[4]) {
+  a[0] = c[0];
+  a[1] = c[2];
+  a[2] = c[1];
+  a[3] = c[3];
+}
+
+// Within each group of 8, the storage position of k index order expected by
+// accumulator_as_a: position p < 4 holds element 2p, p >= 4 holds 2(p-4) + 1.
+__host__ __device__ __forceinline__ int interleaved_position(int k) {
+  const int base = k & ~7, r = k & 7;
+  return base + ((r & 1) ? 4 + (r >> 1) : (r >> 1));
+}
+
+// Atomic adds without a return value: two and four consecutive floats (16-byte
+// aligned for four) in one instruction.
+__device__ __forceinline__ void red_add2(float* p, float x, float y) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(x), "f"(y) : "memory");
+}
+__device__ __forceinline__ void red_add4(float* p, float x, float y, float z, float w) {
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(x), "f"(y), "f"(z), "f"(w) : "memory");
+}
+
+}  // namespace tg::cuda::mma

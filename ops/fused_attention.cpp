@@ -1,0 +1,410 @@
+#include "ops/fused_attention.h"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "autograd/engine.h"
+#include "core/cpu_loops.h"
+#include "core/random.h"
+#include "ops/binary_mask.h"
+#include "ops/fused_attention_kernels.h"
+#include "ops/matmul_kernels.h"
+#include "ops/reduce_kernels.h"
+#include "ops/untracked.h"
+
+namespace tg {
+
+TG_INSTANTIATE_KERNELS(AttentionBiasKernels, Device::CPU);
+
+// ---- CPU kernels: the algorithm of the CUDA kernels as plain loops (key
+// blocks of 64 with an online softmax, P recomputed from the log-sum-exp,
+// Delta from do . o), in float32 or float64, for any head dim.
+
+namespace {
+
+constexpr int64_t kKeyBlock = 64;  // the CUDA kernels' key tile
+
+// Element (b, h, s, d) of a [B,H,S,D] view with a unit d stride.
+template <class T>
+struct Heads {
+  T* ptr;
+  int64_t sb, sh, ss;
+  explicit Heads(const Tensor& t)
+      : ptr(t.data<std::remove_const_t<T>>()), sb(t.strides()[0]), sh(t.strides()[1]), ss(t.strides()[2]) {}
+  T* row(int64_t b, int64_t h, int64_t s) const { return ptr + b * sb + h * sh + s * ss; }
+};
+
+template <class T>
+T dot(const T* x, const T* y, int64_t n) {
+  T acc = 0;
+  for (int64_t i = 0; i < n; ++i) acc += x[i] * y[i];
+  return acc;
+}
+
+// The (b, h) problem's scores, row by row, as the kernels see them.
+template <class T>
+struct CpuScores {
+  const AttentionInputs& in;
+  Heads<const T> q, k;
+  const T *e, *a, *E, *w_in, *w_x;
+
+  explicit CpuScores(const AttentionInputs& inputs)
+      : in(inputs), q(inputs.q), k(inputs.k), e(inputs.edit_mask.data<T>()), a(inputs.attn_mask.data<T>()),
+        E(inputs.edit_region_bias.data<T>()), w_in(inputs.within.data<T>()), w_x(inputs.cross.data<T>()) {}
+
+  // s_ij, or -inf for a masked key.
+  T operator()(int64_t b, int64_t h, int64_t i, int64_t j) const {
+    const AttentionDims& d = in.d;
+    if (a[b * d.S + j] == T(0)) return -std::numeric_limits<T>::infinity();
+    return attention_score<T>(dot(q.row(b, h, i), k.row(b, h, j), d.D), static_cast<T>(in.scale),
+                              E[(h * d.M + i) * d.M + j], w_in[h], w_x[h], e[b * d.S + i], e[b * d.S + j]);
+  }
+  // keep_ij / (1 - p): the dropout factor of the Philox mask on the [B,H,S,S] probabilities.
+  T keep_scale(int64_t b, int64_t h, int64_t i, int64_t j) const {
+    if (in.p == 0) return T(1);
+    const int64_t row = (b * in.d.H + h) * in.d.S + i;
+    return dropout_uniform(in.rng, row, j, in.d.S) >= static_cast<float>(in.p) ? static_cast<T>(1 / (1 - in.p)) : T(0);
+  }
+};
+
+template <class T>
+void cpu_forward(const AttentionInputs& in, const Tensor& o_t, const Tensor& lse_t) {
+  const AttentionDims d = in.d;
+  const CpuScores<T> score(in);
+  const Heads<const T> v(in.v);
+  T* o = o_t.data<T>();
+  T* lse = lse_t.data<T>();
+  const T inf = std::numeric_limits<T>::infinity();
+  cpu::parallel_for(d.B * d.H * d.S, [&](int64_t row) {
+    const int64_t i = row % d.S, h = (row / d.S) % d.H, b = row / (d.S * d.H);
+    std::vector<T> acc(d.D, T(0)), s(kKeyBlock);
+    T m = -inf, l = 0;
+    for (int64_t j0 = 0; j0 < d.S; j0 += kKeyBlock) {
+      const int64_t n = std::min(kKeyBlock, d.S - j0);
+      T block_max = -inf;
+      for (int64_t j = 0; j < n; ++j) block_max = std::max(block_max, s[j] = score(b, h, i, j0 + j));
+      const T m_new = std::max(m, block_max);
+      const T shift = m_new == -inf ? T(0) : m_new;  // all masked so far: nothing to rescale
+      const T correction = std::exp(m - shift);
+      l *= correction;
+      for (T& x : acc) x *= correction;
+      for (int64_t j = 0; j < n; ++j) {
+        const T p = std::exp(s[j] - shift);
+        l += p;
+        const T pd = p * score.keep_scale(b, h, i, j0 + j);
+        const T* vj = v.row(b, h, j0 + j);
+        for (int64_t dd = 0; dd < d.D; ++dd) acc[dd] += pd * vj[dd];
+      }
+      m = m_new;
+    }
+    T* oi = o + (b * d.S + i) * d.H * d.D + h * d.D;
+    for (int64_t dd = 0; dd < d.D; ++dd) oi[dd] = l > 0 ? acc[dd] / l : T(0);
+    lse[row] = l > 0 ? m + std::log(l) : -inf;
+  });
+}
+
+template <class T>
+void cpu_row_dot(const Tensor& dout, const Tensor& o, const Tensor& delta, AttentionDims d) {
+  const T *g = dout.data<T>(), *y = o.data<T>();
+  T* out = delta.data<T>();
+  cpu::parallel_for(d.B * d.H * d.S, [&](int64_t row) {
+    const int64_t i = row % d.S, h = (row / d.S) % d.H, b = row / (d.S * d.H);
+    const int64_t at = (b * d.S + i) * d.H * d.D + h * d.D;
+    out[row] = dot(g + at, y + at, d.D);
+  });
+}
+
+template <class T>
+void cpu_backward(const AttentionInputs& in, const AttentionGradTensors& g) {
+  const AttentionDims d = in.d;
+  const CpuScores<T> score(in);
+  const Heads<const T> q(in.q), k(in.k), v(in.v);
+  const Heads<T> dq(g.dq), dk(g.dk), dv(g.dv);
+  const T *dout = g.dout.data<T>(), *delta = g.delta.data<T>(), *e = in.edit_mask.data<T>();
+  const T* lse = g.probs.defined() ? nullptr : g.lse.data<T>();
+  const T *P = data_or_null<T>(g.probs), *Pd = data_or_null<T>(g.probs_dropped);
+  T *dE = data_or_null<T>(g.dE), *dw_in = data_or_null<T>(g.dw_in), *dw_x = data_or_null<T>(g.dw_x);
+  T *colsum = data_or_null<T>(g.colsum_ds), *rowsum = data_or_null<T>(g.rowsum_pd);
+  const T scale = static_cast<T>(in.scale), inf = std::numeric_limits<T>::infinity();
+  cpu::parallel_for(d.H, [&](int64_t h) {  // heads write disjoint outputs
+    for (int64_t b = 0; b < d.B; ++b)
+      for (int64_t i = 0; i < d.S; ++i) {
+        const int64_t row = (b * d.H + h) * d.S + i;
+        const T* do_i = dout + (b * d.S + i) * d.H * d.D + h * d.D;
+        for (int64_t j = 0; j < d.S; ++j) {
+          const int64_t at = row * d.S + j;
+          const T dpd = dot(do_i, v.row(b, h, j), d.D);
+          T p, pd, ds;
+          if (P) {  // read: dS = Pd dPd - P Delta, since P dP = Pd dPd
+            p = P[at];
+            pd = Pd[at];
+            ds = pd * dpd - p * delta[row];
+          } else {  // recompute P from the log-sum-exp and regenerate the mask
+            const T s = score(b, h, i, j);
+            p = (s == -inf || lse[row] == -inf) ? T(0) : std::exp(s - lse[row]);
+            const T keep = score.keep_scale(b, h, i, j);
+            pd = p * keep;
+            ds = p * (dpd * keep - delta[row]);
+          }
+          const T ei = e[b * d.S + i], ej = e[b * d.S + j];
+          const T *qi = q.row(b, h, i), *kj = k.row(b, h, j);
+          T *dqi = dq.row(b, h, i), *dkj = dk.row(b, h, j), *dvj = dv.row(b, h, j);
+          for (int64_t dd = 0; dd < d.D; ++dd) {
+            dqi[dd] += scale * ds * kj[dd];
+            dkj[dd] += scale * ds * qi[dd];
+            dvj[dd] += pd * do_i[dd];
+          }
+          if (dE) dE[(h * d.M + i) * d.M + j] += ds;
+          if (dw_in) dw_in[h] += ds * ei * ej, dw_x[h] += ds * cross_term(ei, ej);
+          if (colsum) colsum[(b * d.H + h) * d.S + j] += ds;
+          if (rowsum) rowsum[row] += pd;
+        }
+      }
+  });
+}
+
+}  // namespace
+
+template <>
+void FusedAttentionKernels<Device::CPU>::forward(const AttentionInputs& in, const Tensor& o, const Tensor& lse,
+                                                 MatmulPrecision) {
+  TG_DISPATCH_FLOAT(o.dtype(), T, [&] { cpu_forward<T>(in, o, lse); });
+}
+
+template <>
+void FusedAttentionKernels<Device::CPU>::row_dot(const Tensor& dout, const Tensor& o, const Tensor& delta,
+                                                 AttentionDims d) {
+  TG_DISPATCH_FLOAT(o.dtype(), T, [&] { cpu_row_dot<T>(dout, o, delta, d); });
+}
+
+template <>
+void FusedAttentionKernels<Device::CPU>::backward(const AttentionInputs& in, const AttentionGradTensors& g,
+                                                  MatmulPrecision) {
+  TG_DISPATCH_FLOAT(g.dout.dtype(), T, [&] { cpu_backward<T>(in, g); });
+}
+
+// ---- the op
+
+namespace {
+
+constexpr int64_t kCudaHeadDim = 64;  // the head dim the CUDA kernels cover
+
+// Head view t (0 = q, 1 = k, 2 = v) of qkv [B,S,3C] as [B,H,S,D]; no copy.
+Tensor head_view(const Tensor& qkv, int64_t t, int64_t H) {
+  const int64_t B = qkv.size(0), S = qkv.size(1), C3 = qkv.size(2), D = C3 / 3 / H;
+  return make_view(qkv, {B, H, S, D}, {S * C3, D, C3, 1}, qkv.offset() + t * H * D);
+}
+
+AttentionInputs check_inputs(const Tensor& qkv, const Tensor& e, const Tensor& a, const Tensor& E, const Tensor& w_in,
+                             const Tensor& w_x, int64_t H) {
+  const char* op = "fused_attention";
+  for (const auto& [t, name] : {std::pair{&qkv, "qkv"}, {&e, "edit_mask"}, {&a, "attn_mask"}, {&E, "edit_region_bias"},
+                                {&w_in, "within_edit_bias"}, {&w_x, "cross_edit_bias"}})
+    check_defined(op, name, *t);
+  TG_CHECK(qkv.dim() == 3, op, ": qkv must be [B,S,3C], got ", qkv.shape());
+  const int64_t B = qkv.size(0), S = qkv.size(1);
+  TG_CHECK(H > 0 && qkv.size(2) % (3 * H) == 0, op, ": qkv ", qkv.shape(), " does not split into 3 x ", H, " heads");
+  const int64_t D = qkv.size(2) / 3 / H;
+  TG_CHECK(E.dim() == 3 && E.size(0) == H && E.size(1) == E.size(2), op, ": edit_region_bias must be [", H,
+           ",M,M], got ", E.shape());
+  const int64_t M = E.size(1);
+  TG_CHECK(S <= M, op, ": sequence length ", S, " of qkv ", qkv.shape(), " exceeds the ", M,
+           " positions of edit_region_bias ", E.shape());
+  TG_CHECK(w_in.shape() == Shape({H, 1, 1}) && w_x.shape() == Shape({H, 1, 1}), op,
+           ": within_edit_bias and cross_edit_bias must be [", H, ",1,1], got ", w_in.shape(), " and ", w_x.shape());
+  TG_CHECK(e.shape() == Shape({B, S}) && a.shape() == Shape({B, S}), op, ": edit_mask and attn_mask must be [", B, ",",
+           S, "], got ", e.shape(), " and ", a.shape());
+  for (const Tensor* t : {&e, &a, &E, &w_in, &w_x}) check_same_dtype_device(op, qkv, *t);
+  check_binary_mask(op, "edit_mask", e);
+  check_binary_mask(op, "attn_mask", a);
+  if (qkv.is_cuda()) {
+    TG_CHECK(qkv.dtype() == DType::Float32, op, ": the CUDA kernels are float32; qkv ", qkv.shape(), " is ", qkv.dtype());
+    TG_CHECK(D == kCudaHeadDim, op, ": the CUDA kernels cover head dim ", kCudaHeadDim, "; qkv ", qkv.shape(), " with ",
+             H, " heads has head dim ", D, " (use AttentionImpl::Decomposed)");
+  }
+  AttentionInputs in;
+  const Tensor q = materialize(qkv);
+  in.q = head_view(q, 0, H);
+  in.k = head_view(q, 1, H);
+  in.v = head_view(q, 2, H);
+  in.edit_mask = materialize(e);
+  in.attn_mask = materialize(a);
+  in.edit_region_bias = materialize(E);
+  in.within = materialize(w_in).view({H});
+  in.cross = materialize(w_x).view({H});
+  in.d = {B, H, S, D, M};
+  in.scale = 1.0 / std::sqrt(static_cast<double>(D));
+  return in;
+}
+
+}  // namespace
+
+Tensor fused_attention(const Tensor& qkv, const Tensor& edit_mask, const Tensor& attn_mask, const Tensor& E,
+                       const Tensor& w_in, const Tensor& w_x, int64_t heads, const DropoutOptions& dropout,
+                       MatmulPrecision precision_in) {
+  AttentionInputs in = check_inputs(qkv, edit_mask, attn_mask, E, w_in, w_x, heads);
+  TG_CHECK(dropout.p >= 0.0 && dropout.p < 1.0, "fused_attention: dropout p must be in [0, 1), got ", dropout.p);
+  TG_CHECK(!dropout.mask.defined(), "fused_attention: an explicit dropout mask is not supported (the kernels draw it "
+           "from Philox); pass p and optionally rng");
+  in.p = dropout.p;
+  if (in.p > 0) in.rng = dropout.rng ? *dropout.rng : default_generator().next();
+  const MatmulPrecision precision = resolve_precision(precision_in);
+  const AttentionDims d = in.d;
+  const TensorOptions opts{qkv.dtype(), qkv.device()};
+  Tensor o = empty({d.B, d.S, d.H * d.D}, opts);
+  const Tensor lse = empty({d.B, d.H, d.S}, opts);
+  TG_DISPATCH_DEVICE(qkv, FusedAttentionKernels, forward, in, o, lse, precision);
+  AttentionInputs meta = in;  // the closure keeps sizes and settings; the tensors live in `saved`
+  meta.q = meta.k = meta.v = meta.edit_mask = meta.attn_mask = meta.edit_region_bias = meta.within = meta.cross = Tensor();
+  return autograd::record(
+      OpId::fused_attention, o, {qkv, E, w_in, w_x},
+      {in.q, in.k, in.v, o, lse, in.edit_mask, in.attn_mask, in.edit_region_bias, in.within, in.cross},
+      [meta, precision](const Tensor& g, const auto& s, const autograd::GradMask& needs) {
+        AttentionInputs in = meta;
+        in.q = s[0], in.k = s[1], in.v = s[2], in.edit_mask = s[5], in.attn_mask = s[6];
+        in.edit_region_bias = s[7], in.within = s[8], in.cross = s[9];
+        const AttentionDims d = in.d;
+        const TensorOptions opts{g.dtype(), g.device()};
+        AttentionGradTensors gt;
+        gt.dout = materialize(g);
+        gt.lse = s[4];
+        gt.delta = empty({d.B, d.H, d.S}, opts);
+        TG_DISPATCH_DEVICE(g, FusedAttentionKernels, row_dot, gt.dout, s[3], gt.delta, d);
+        const Tensor dqkv = zeros({d.B, d.S, 3 * d.H * d.D}, opts);
+        gt.dq = head_view(dqkv, 0, d.H);
+        gt.dk = head_view(dqkv, 1, d.H);
+        gt.dv = head_view(dqkv, 2, d.H);
+        if (needs[1]) gt.dE = zeros({d.H, d.M, d.M}, opts);
+        if (needs[2] || needs[3]) gt.dw_in = zeros({d.H}, opts), gt.dw_x = zeros({d.H}, opts);
+        TG_DISPATCH_DEVICE(g, FusedAttentionKernels, backward, in, gt, precision);
+        return std::vector<Tensor>{autograd::keep_if(needs[0], dqkv), gt.dE,
+                                   autograd::grad_if(needs[2], [&] { return gt.dw_in.view({d.H, 1, 1}); }),
+                                   autograd::grad_if(needs[3], [&] { return gt.dw_x.view({d.H, 1, 1}); })};
+      });
+}
+
+// ---- the benchmark interface: the whole layer's backward from the spec's inputs
+
+namespace fused {
+
+namespace {
+
+struct LayerDims {
+  int64_t B, S, C, H, D, M;
+};
+
+// Every input and output against the spec's shapes, one device and dtype, contiguous.
+LayerDims check_backward_args(const BackwardInputs& in, const Gradients& out) {
+  const char* op = "region_attention_backward";
+  check_defined(op, "hidden_states", in.hidden_states);
+  TG_CHECK(in.hidden_states.dim() == 3, op, ": hidden_states must be [B,S,C], got ", in.hidden_states.shape());
+  check_defined(op, "edit_region_bias", in.edit_region_bias);
+  TG_CHECK(in.edit_region_bias.dim() == 3, op, ": edit_region_bias must be [H,M,M], got ", in.edit_region_bias.shape());
+  const int64_t B = in.hidden_states.size(0), S = in.hidden_states.size(1), C = in.hidden_states.size(2);
+  const int64_t H = in.edit_region_bias.size(0), M = in.edit_region_bias.size(1);
+  TG_CHECK(H > 0 && C % H == 0, op, ": hidden ", C, " is not divisible by heads ", H);
+  TG_CHECK(S <= M, op, ": sequence length ", S, " exceeds max_positions ", M);
+  const int64_t D = C / H;
+  const std::vector<std::tuple<const Tensor*, const char*, Shape>> expected = {
+      {&in.grad_output, "grad_output", {B, S, C}},     {&in.hidden_states, "hidden_states", {B, S, C}},
+      {&in.edit_region_mask, "edit_region_mask", {B, S}}, {&in.qkv_weight, "qkv_weight", {3 * C, C}},
+      {&in.qkv_bias, "qkv_bias", {3 * C}},             {&in.out_weight, "out_weight", {C, C}},
+      {&in.out_bias, "out_bias", {C}},                 {&in.edit_region_bias, "edit_region_bias", {H, M, M}},
+      {&in.within_edit_bias, "within_edit_bias", {H, 1, 1}}, {&in.cross_edit_bias, "cross_edit_bias", {H, 1, 1}},
+      {&in.attention_mask, "attention_mask", {B, S}},  {&in.query, "query", {B, H, S, D}},
+      {&in.key, "key", {B, H, S, D}},                  {&in.value, "value", {B, H, S, D}},
+      {&in.attention_probs, "attention_probs", {B, H, S, S}},
+      {&in.attention_probs_dropped, "attention_probs_dropped", {B, H, S, S}},
+      {&in.attention_output, "attention_output", {B, S, C}},
+      {&out.hidden_states, "grad_hidden_states", {B, S, C}}, {&out.qkv_weight, "grad_qkv_weight", {3 * C, C}},
+      {&out.qkv_bias, "grad_qkv_bias", {3 * C}},       {&out.out_weight, "grad_out_weight", {C, C}},
+      {&out.out_bias, "grad_out_bias", {C}},           {&out.edit_region_bias, "grad_edit_region_bias", {H, M, M}},
+      {&out.within_edit_bias, "grad_within_edit_bias", {H, 1, 1}},
+      {&out.cross_edit_bias, "grad_cross_edit_bias", {H, 1, 1}}};
+  for (const auto& [t, name, shape] : expected) {
+    check_defined(op, name, *t);
+    TG_CHECK(t->shape() == shape, op, ": ", name, " must be ", shape, ", got ", t->shape());
+    TG_CHECK(t->is_contiguous(), op, ": ", name, " ", t->shape(), " must be contiguous");
+    check_same_dtype_device(op, in.hidden_states, *t);
+  }
+  if (in.hidden_states.is_cuda()) {
+    TG_CHECK(in.hidden_states.dtype() == DType::Float32, op, ": CUDA tensors must be float32");
+    TG_CHECK(D == kCudaHeadDim, op, ": the CUDA kernels cover head dim ", kCudaHeadDim, ", got ", D);
+  }
+  return {B, S, C, H, D, M};
+}
+
+}  // namespace
+
+void region_attention_backward_into(const BackwardInputs& in, double scale, double dropout_p,
+                                    MatmulPrecision precision_in, const Gradients& out) {
+  const LayerDims L = check_backward_args(in, out);
+  TG_CHECK(dropout_p >= 0 && dropout_p < 1, "region_attention_backward: dropout_p must be in [0, 1), got ", dropout_p);
+  const MatmulPrecision precision = resolve_precision(precision_in);
+  const Tensor& x = in.hidden_states;
+  const TensorOptions opts{x.dtype(), x.device()};
+  const Tensor dy = rows_view(in.grad_output, L.C), o = rows_view(in.attention_output, L.C);
+
+  // y = o Wo^T + bo:  dbo = column sums of dy, dWo = dy^T o, do = dy Wo.
+  TG_DISPATCH_DEVICE(x, ReduceKernels, sum_columns, dy, out.out_bias, L.B * L.S, L.C);
+  gemm_into("region_attention_backward", transposed_view(dy), o, out.out_weight, 0.0, precision);
+  const Tensor dout = empty({L.B, L.S, L.C}, opts);
+  gemm_into("region_attention_backward", dy, in.out_weight, rows_view(dout, L.C), 0.0, precision);
+
+  // The attention core, reading P and Pd.
+  AttentionInputs core;
+  core.q = in.query, core.k = in.key, core.v = in.value;
+  core.edit_mask = in.edit_region_mask, core.attn_mask = in.attention_mask;
+  core.edit_region_bias = in.edit_region_bias;
+  core.within = in.within_edit_bias.view({L.H});
+  core.cross = in.cross_edit_bias.view({L.H});
+  core.d = {L.B, L.H, L.S, L.D, L.M};
+  core.scale = scale;
+  AttentionGradTensors g;
+  g.dout = dout;
+  g.delta = empty({L.B, L.H, L.S}, opts);
+  TG_DISPATCH_DEVICE(x, FusedAttentionKernels, row_dot, dout, in.attention_output, g.delta, core.d);
+  g.probs = in.attention_probs, g.probs_dropped = in.attention_probs_dropped;
+  const Tensor dqkv = zeros({L.B, L.S, 3 * L.C}, opts);
+  g.dq = head_view(dqkv, 0, L.H), g.dk = head_view(dqkv, 1, L.H), g.dv = head_view(dqkv, 2, L.H);
+  g.dE = out.edit_region_bias, g.dw_in = out.within_edit_bias.view({L.H}), g.dw_x = out.cross_edit_bias.view({L.H});
+  for (const Tensor* t : {&g.dE, &g.dw_in, &g.dw_x}) fill_into(*t, 0.0);
+  g.colsum_ds = zeros({L.B, L.H, L.S}, opts), g.rowsum_pd = zeros({L.B, L.H, L.S}, opts);
+  TG_DISPATCH_DEVICE(x, FusedAttentionKernels, backward, core, g, precision);
+
+  // dbqkv from fp32 sums, not from the tensor-core dq, dk, dv: sum_i dq_i =
+  // scale sum_j colsum(dS)_j k_j, sum_j dk_j = 0 (dS rows sum to 0), sum_j dv_j = sum_i rowsum(Pd)_i do_i.
+  const Tensor dq_bias = out.qkv_bias.narrow(0, 0, L.C), dk_bias = out.qkv_bias.narrow(0, L.C, L.C),
+               dv_bias = out.qkv_bias.narrow(0, 2 * L.C, L.C);
+  TG_DISPATCH_DEVICE(x, AttentionBiasKernels, head_weighted_sums, g.colsum_ds, in.key, scale, dq_bias);
+  fill_into(dk_bias, 0.0);
+  const Tensor do_heads = make_view(dout, {L.B, L.H, L.S, L.D}, {L.S * L.C, L.D, L.C, 1}, 0);
+  TG_DISPATCH_DEVICE(x, AttentionBiasKernels, head_weighted_sums, g.rowsum_pd, do_heads, 1.0, dv_bias);
+
+  // qkv = x Wqkv^T + bqkv:  dWqkv = dqkv^T x, dx = dqkv Wqkv.
+  const Tensor dqkv_rows = rows_view(dqkv, 3 * L.C);
+  gemm_into("region_attention_backward", transposed_view(dqkv_rows), rows_view(x, L.C), out.qkv_weight, 0.0, precision);
+  gemm_into("region_attention_backward", dqkv_rows, in.qkv_weight, rows_view(out.hidden_states, L.C), 0.0, precision);
+}
+
+Gradients region_attention_backward(const BackwardInputs& in, double scale, double dropout_p, MatmulPrecision precision) {
+  check_defined("region_attention_backward", "hidden_states", in.hidden_states);
+  check_defined("region_attention_backward", "edit_region_bias", in.edit_region_bias);
+  const TensorOptions opts{in.hidden_states.dtype(), in.hidden_states.device()};
+  Gradients out;
+  out.hidden_states = empty(in.hidden_states.shape(), opts);
+  out.qkv_weight = empty(in.qkv_weight.defined() ? in.qkv_weight.shape() : Shape{}, opts);
+  out.qkv_bias = empty(in.qkv_bias.defined() ? in.qkv_bias.shape() : Shape{}, opts);
+  out.out_weight = empty(in.out_weight.defined() ? in.out_weight.shape() : Shape{}, opts);
+  out.out_bias = empty(in.out_bias.defined() ? in.out_bias.shape() : Shape{}, opts);
+  out.edit_region_bias = empty(in.edit_region_bias.shape(), opts);
+  out.within_edit_bias = empty(in.within_edit_bias.defined() ? in.within_edit_bias.shape() : Shape{}, opts);
+  out.cross_edit_bias = empty(in.cross_edit_bias.defined() ? in.cross_edit_bias.shape() : Shape{}, opts);
+  region_attention_backward_into(in, scale, dropout_p, precision, out);
+  return out;
+}
+
+}  // namespace fused
+
+}  // namespace tg

@@ -1,0 +1,610 @@
+// The fused attention kernels: the forward (one pass over the keys with an
+// online softmax) and the backward (one pass per key tile over the queries),
+// on TF32 tensor cores (core/mma.cuh). docs/derivations.md derives the math;
+// the CPU kernels in fused_attention.cpp run the same algorithm as loops.
+#include <algorithm>
+
+#include "core/cuda_context.h"
+#include "core/cuda_loops.cuh"
+#include "core/cuda_reduce.cuh"
+#include "core/mma.cuh"
+#include "ops/fused_attention_kernels.h"
+
+namespace tg::cuda {
+
+namespace {
+
+using mma::Tf32;
+using mma::Tf32x3;
+
+constexpr int kD = 64;            // the head dim the kernels cover
+constexpr int kStride = 68;       // shared row stride of 64-wide tiles: ldmatrix rows in distinct banks
+constexpr int kWideStride = 132;  // ... of 128-wide tiles
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Rows of a [B,H,S,D] operand with a unit d stride (a view of qkv, or contiguous).
+template <class T>
+struct HeadRows {
+  T* ptr;
+  int64_t sb, sh, ss;
+  __device__ T* row(int64_t b, int64_t h, int64_t s) const { return ptr + b * sb + h * sh + s * ss; }
+};
+
+template <class T>
+HeadRows<T> head_rows(const Tensor& t) {
+  return {static_cast<T*>(t.raw_data()), t.strides()[0], t.strides()[1], t.strides()[2]};
+}
+
+// What a score s_ij needs beyond q . k, and the dropout draw.
+struct ScoreArgs {
+  const float *e, *a, *E, *w_in, *w_x;
+  int64_t B, H, S, M;
+  float scale, p, keep_scale;  // keep_scale = 1/(1-p)
+  PhiloxState rng;
+  bool dropout;
+};
+
+ScoreArgs score_args(const AttentionInputs& in) {
+  return {in.edit_mask.data<float>(), in.attn_mask.data<float>(), in.edit_region_bias.data<float>(),
+          in.within.data<float>(),    in.cross.data<float>(),     in.d.B,
+          in.d.H,                     in.d.S,                     in.d.M,
+          static_cast<float>(in.scale), static_cast<float>(in.p), static_cast<float>(1.0 / (1.0 - in.p)),
+          in.rng,                     in.p > 0};
+}
+
+// Copies rows row0 .. row0 + n - 1 (zeros past S) of one head into shared
+// memory, as [row][d] (`natural`, may be null) and/or as [d][row]
+// (`transposed`), with each group of 8 rows in mma::interleaved_position order
+// when `interleave`. Lane l of a warp takes row l: the transposed stores then
+// hit distinct banks.
+template <int kThreads>
+__device__ void load_head_tile(const HeadRows<const float>& x, int64_t b, int64_t h, int64_t row0, int n, int64_t S,
+                               float* natural, float* transposed, int transposed_stride, bool interleave) {
+  for (int idx = threadIdx.x; idx < n * (kD / 4); idx += kThreads) {
+    const int r = idx % n, c4 = idx / n;
+    const int64_t s = row0 + r;
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (s < S) v = *reinterpret_cast<const float4*>(x.row(b, h, s) + 4 * c4);
+    if (natural) *reinterpret_cast<float4*>(natural + r * kStride + 4 * c4) = v;
+    if (transposed) {
+      const int at = interleave ? mma::interleaved_position(r) : r;
+      transposed[(4 * c4 + 0) * transposed_stride + at] = v.x;
+      transposed[(4 * c4 + 1) * transposed_stride + at] = v.y;
+      transposed[(4 * c4 + 2) * transposed_stride + at] = v.z;
+      transposed[(4 * c4 + 3) * transposed_stride + at] = v.w;
+    }
+  }
+}
+
+// Keep factors (keep / (1 - p), or 0) of one Philox block shared by a pair of
+// lanes (lane and lane ^ partner): together they hold rows row0 and row1 of
+// the [B,H,S,S] mask at the same two columns of one group of 4 (lanes 2 sel
+// and 2 sel + 1 of the group starting at group_col0). Each lane draws the
+// block of one row and hands its partner the two values it needs.
+// keep[r][c]: row r, column 2 sel + c of the group.
+__device__ __forceinline__ void pair_keep(const ScoreArgs& sc, int64_t row0, int64_t row1, int64_t group_col0, int sel,
+                                          int partner, float (&keep)[2][2]) {
+  const Philox4 r = philox_block(sc.rng, dropout_block(sel ? row1 : row0, group_col0, sc.S));
+  const uint32_t send0 = sel ? r.v[0] : r.v[2], send1 = sel ? r.v[1] : r.v[3];
+  const uint32_t recv0 = __shfl_xor_sync(0xffffffffu, send0, partner);
+  const uint32_t recv1 = __shfl_xor_sync(0xffffffffu, send1, partner);
+  const uint32_t bits[2][2] = {{sel ? recv0 : r.v[0], sel ? recv1 : r.v[1]},
+                               {sel ? r.v[2] : recv0, sel ? r.v[3] : recv1}};
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) keep[i][c] = bits_to_uniform(bits[i][c]) >= sc.p ? sc.keep_scale : 0.f;
+}
+
+// ---------------------------------------------------------------- forward
+// One CTA per (64 queries, b, h), 4 warps of 16 query rows each; key tiles of
+// 64. Per warp and tile: S = Q K^T (8 n-tiles), the online softmax, dropout,
+// then O += Pd V with Pd's accumulator used directly as the A operand (V is
+// stored transposed with its keys interleaved to match).
+
+constexpr int kFwdRows = 64, kFwdKeys = 64, kFwdThreads = 128;
+constexpr int kFwdSmemFloats = 3 * 64 * kStride + 2 * kFwdKeys;
+
+struct ForwardArgs {
+  HeadRows<const float> q, k, v;
+  float* o;    // [B,S,H*D]
+  float* lse;  // [B,H,S]
+  ScoreArgs sc;
+};
+
+template <class Mma>
+__global__ void __launch_bounds__(kFwdThreads) attention_forward_kernel(ForwardArgs p) {
+  extern __shared__ __align__(16) float smem[];
+  float* Qs = smem;                     // [query][d]
+  float* Ks = Qs + 64 * kStride;        // [key][d]
+  float* Vt = Ks + 64 * kStride;        // [d][key, interleaved]
+  float* key_e = Vt + 64 * kStride;     // e_j
+  float* key_ok = key_e + kFwdKeys;     // 1 for a key that exists and is not masked
+  const ScoreArgs& sc = p.sc;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int64_t b = blockIdx.y / sc.H, h = blockIdx.y % sc.H, q0 = int64_t(blockIdx.x) * kFwdRows;
+  const int64_t rows[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8};
+  float ei[2], m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+  for (int r = 0; r < 2; ++r) ei[r] = rows[r] < sc.S ? sc.e[b * sc.S + rows[r]] : 0.f;
+  const int64_t row_id[2] = {(b * sc.H + h) * sc.S + rows[0], (b * sc.H + h) * sc.S + rows[1]};
+  const float w_in = sc.w_in[h], w_x = sc.w_x[h];
+  float acc[8][4] = {};
+  load_head_tile<kFwdThreads>(p.q, b, h, q0, kFwdRows, sc.S, Qs, nullptr, 0, false);
+  const auto warp_row = [&](int r) { return 16 * warp + r; };
+  const auto same = [](int r) { return r; };
+
+  for (int64_t k0 = 0; k0 < sc.S; k0 += kFwdKeys) {
+    __syncthreads();  // the previous tile is no longer read
+    load_head_tile<kFwdThreads>(p.k, b, h, k0, kFwdKeys, sc.S, Ks, nullptr, 0, false);
+    load_head_tile<kFwdThreads>(p.v, b, h, k0, kFwdKeys, sc.S, nullptr, Vt, kStride, true);
+    if (threadIdx.x < kFwdKeys) {
+      const int64_t j = k0 + threadIdx.x;
+      key_e[threadIdx.x] = j < sc.S ? sc.e[b * sc.S + j] : 0.f;
+      key_ok[threadIdx.x] = (j < sc.S && sc.a[b * sc.S + j] != 0.f) ? 1.f : 0.f;
+    }
+    __syncthreads();
+
+    float s[8][4] = {};
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks) {
+      float a[4];
+      mma::load_a(a, Qs, kStride, warp_row, 8 * ks, lane);
+      const auto A = Mma::make(a);
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        float bf[2][2];
+        mma::load_b_pair(bf, Ks, kStride, same, 16 * np, 8 * ks, lane);
+        Mma::mma(s[2 * np], A, Mma::make(bf[0]));
+        Mma::mma(s[2 * np + 1], A, Mma::make(bf[1]));
+      }
+    }
+
+    // Scores, then the online softmax: rescale what is accumulated to the new row max.
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int r = c >> 1, col = 8 * nt + 2 * t + (c & 1);
+        const int64_t i = rows[r], j = k0 + col;
+        float x = -INFINITY;
+        if (key_ok[col] != 0.f && i < sc.S)
+          x = attention_score(s[nt][c], sc.scale, sc.E[(h * sc.M + i) * sc.M + j], w_in, w_x, ei[r], key_e[col]);
+        s[nt][c] = x;
+        tile_max[r] = fmaxf(tile_max[r], x);
+      }
+    float shift[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+      const float m_new = fmaxf(m_run[r], tile_max[r]);
+      shift[r] = m_new == -INFINITY ? 0.f : m_new;  // nothing seen yet: nothing to rescale
+      const float correction = exp2f((m_run[r] - shift[r]) * kLog2e);
+      m_run[r] = m_new;
+      l_run[r] *= correction;
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) acc[nt][2 * r] *= correction, acc[nt][2 * r + 1] *= correction;
+    }
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      float keep[2][2] = {{1.f, 1.f}, {1.f, 1.f}};
+      if (sc.dropout) pair_keep(sc, row_id[0], row_id[1], k0 + 8 * nt + 4 * (t >> 1), t & 1, 1, keep);
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int r = c >> 1;
+        const float pr = exp2f((s[nt][c] - shift[r]) * kLog2e);
+        l_run[r] += pr;
+        s[nt][c] = pr * keep[r][c & 1];
+      }
+    }
+
+    // O += Pd V
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks) {
+      float a[4];
+      mma::accumulator_as_a(a, s[ks]);
+      const auto A = Mma::make(a);
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        float bf[2][2];
+        mma::load_b_pair(bf, Vt, kStride, same, 16 * np, 8 * ks, lane);
+        Mma::mma(acc[2 * np], A, Mma::make(bf[0]));
+        Mma::mma(acc[2 * np + 1], A, Mma::make(bf[1]));
+      }
+    }
+  }
+
+  const int64_t C = sc.H * kD;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
+    if (rows[r] >= sc.S) continue;
+    const float inv = l_run[r] > 0.f ? 1.f / l_run[r] : 0.f;
+    float* o_row = p.o + (b * sc.S + rows[r]) * C + h * kD;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+      *reinterpret_cast<float2*>(o_row + 8 * nt + 2 * t) = make_float2(acc[nt][2 * r] * inv, acc[nt][2 * r + 1] * inv);
+    if (t == 0) p.lse[row_id[r]] = l_run[r] > 0.f ? m_run[r] + logf(l_run[r]) : -INFINITY;
+  }
+}
+
+// --------------------------------------------------------------- backward
+// One CTA per (128 keys, b, h, split of the query tiles), 8 warps of 16 keys.
+// The CTA keeps its keys' K and V and walks query tiles of 64. Per warp and
+// tile, in the transposed orientation (rows = keys):
+//   S^T = K Q^T (recompute)  ->  P^T, Pd^T;   dPd^T = V dO^T;   dS^T
+//   dV += Pd^T dO;   dK += dS^T Q                   (accumulators used as A)
+// then dS goes through shared memory for dQ = dS K and the batch sum of dE,
+// both added atomically. A warp's 16 rows are keys 2r and 2r+1 at fragment
+// rows r and r + 8, so a thread's two rows share a Philox group.
+
+constexpr int kBwdKeys = 128, kBwdRows = 64, kBwdThreads = 256;
+constexpr int kBwdSmemFloats = 2 * kBwdKeys * kStride + 2 * kD * kWideStride + 4 * kBwdRows * kStride +
+                               5 * kBwdRows + 2 * kBwdKeys;
+
+struct BackwardArgs {
+  HeadRows<const float> q, k, v;
+  const float* dout;          // [B,S,H*D]
+  const float *lse, *delta;   // [B,H,S]
+  const float *P, *Pd;        // [B,H,S,S], or null: recompute
+  HeadRows<float> dq, dk, dv;
+  float *dE, *dw_in, *dw_x;       // optional (null: not wanted)
+  float *colsum_ds, *rowsum_pd;   // with kRead
+  ScoreArgs sc;
+  int splits;
+};
+
+__device__ __forceinline__ int key_of_row(int warp, int r) { return 16 * warp + (r < 8 ? 2 * r : 2 * (r - 8) + 1); }
+
+// kRead: P and Pd are read (the benchmark interface, with the row and column
+// sums for the bias gradient); else recomputed from the log-sum-exp (training).
+template <class Mma, bool kRead>
+__global__ void __launch_bounds__(kBwdThreads, 1) attention_backward_kernel(BackwardArgs p) {
+  extern __shared__ __align__(16) float smem[];
+  float* Ks = smem;                          // [key][d]
+  float* Vs = Ks + kBwdKeys * kStride;       // [key][d]
+  float* KTs = Vs + kBwdKeys * kStride;      // [d][key]
+  float* dSs = KTs + kD * kWideStride;       // [query][key]
+  float* Qs = dSs + kD * kWideStride;        // [query][d]
+  float* QTs = Qs + kBwdRows * kStride;      // [d][query, interleaved]
+  float* dOs = QTs + kBwdRows * kStride;     // [query][d]
+  float* dOTs = dOs + kBwdRows * kStride;    // [d][query, interleaved]
+  float* q_lse = dOTs + kBwdRows * kStride;
+  float* q_delta = q_lse + kBwdRows;
+  float* q_e = q_delta + kBwdRows;
+  float* q_ok = q_e + kBwdRows;
+  float* q_rowsum = q_ok + kBwdRows;
+  float* key_e = q_rowsum + kBwdRows;
+  float* key_ok = key_e + kBwdKeys;
+  const ScoreArgs& sc = p.sc;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int64_t b = blockIdx.y / sc.H, h = blockIdx.y % sc.H, bh = blockIdx.y;
+  const int64_t k0 = int64_t(blockIdx.x / p.splits) * kBwdKeys;
+  const int split = blockIdx.x % p.splits;
+  const int64_t C = sc.H * kD;
+  const float w_in = sc.w_in[h], w_x = sc.w_x[h];
+  constexpr bool recompute = !kRead;
+
+  load_head_tile<kBwdThreads>(p.k, b, h, k0, kBwdKeys, sc.S, Ks, KTs, kWideStride, false);
+  load_head_tile<kBwdThreads>(p.v, b, h, k0, kBwdKeys, sc.S, Vs, nullptr, 0, false);
+  if (threadIdx.x < kBwdKeys) {
+    const int64_t j = k0 + threadIdx.x;
+    key_e[threadIdx.x] = j < sc.S ? sc.e[b * sc.S + j] : 0.f;
+    key_ok[threadIdx.x] = (j < sc.S && sc.a[b * sc.S + j] != 0.f) ? 1.f : 0.f;
+  }
+
+  const int jl[2] = {key_of_row(warp, g), key_of_row(warp, g + 8)};  // this thread's two keys
+  const auto key_rows = [&](int r) { return key_of_row(warp, r); };
+  const auto same = [](int r) { return r; };
+  float dK[8][4] = {}, dV[8][4] = {};
+  float colsum[2] = {0.f, 0.f}, dw_in_part = 0.f, dw_x_part = 0.f;
+  const int64_t query_tiles = (sc.S + kBwdRows - 1) / kBwdRows;
+
+  for (int64_t qt = split; qt < query_tiles; qt += p.splits) {
+    const int64_t q0 = qt * kBwdRows;
+    __syncthreads();  // the previous tile's Q, dO and dS are no longer read
+    load_head_tile<kBwdThreads>(p.q, b, h, q0, kBwdRows, sc.S, Qs, QTs, kStride, true);
+    load_head_tile<kBwdThreads>(HeadRows<const float>{p.dout, sc.S * C, kD, C}, b, h, q0, kBwdRows, sc.S, dOs, dOTs,
+                                kStride, true);
+    if (threadIdx.x < kBwdRows) {
+      const int64_t i = q0 + threadIdx.x, row = bh * sc.S + i;
+      const bool ok = i < sc.S;
+      q_ok[threadIdx.x] = ok ? 1.f : 0.f;
+      q_e[threadIdx.x] = ok ? sc.e[b * sc.S + i] : 0.f;
+      q_delta[threadIdx.x] = ok ? p.delta[row] : 0.f;
+      q_lse[threadIdx.x] = (ok && recompute) ? p.lse[row] : -INFINITY;
+      q_rowsum[threadIdx.x] = 0.f;
+    }
+    __syncthreads();
+
+    // dPd^T = V dO^T
+    float ds[8][4] = {};
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks) {
+      float a[4];
+      mma::load_a(a, Vs, kStride, key_rows, 8 * ks, lane);
+      const auto A = Mma::make(a);
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        float bf[2][2];
+        mma::load_b_pair(bf, dOs, kStride, same, 16 * np, 8 * ks, lane);
+        Mma::mma(ds[2 * np], A, Mma::make(bf[0]));
+        Mma::mma(ds[2 * np + 1], A, Mma::make(bf[1]));
+      }
+    }
+
+    // P^T and Pd^T, read or recomputed from S^T = K Q^T; then in place:
+    // pd <- Pd^T and ds <- dS^T = P^T (dP^T - Delta) = Pd^T dPd^T - P^T Delta.
+    float pd[8][4] = {};
+    if constexpr (recompute) {
+#pragma unroll
+      for (int ks = 0; ks < 8; ++ks) {
+        float a[4];
+        mma::load_a(a, Ks, kStride, key_rows, 8 * ks, lane);
+        const auto A = Mma::make(a);
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+          float bf[2][2];
+          mma::load_b_pair(bf, Qs, kStride, same, 16 * np, 8 * ks, lane);
+          Mma::mma(pd[2 * np], A, Mma::make(bf[0]));
+          Mma::mma(pd[2 * np + 1], A, Mma::make(bf[1]));
+        }
+      }
+    }
+    float rowsum_part[8][2] = {};
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      const int il0 = 8 * nt + 2 * t;
+      float keep[2][2] = {{1.f, 1.f}, {1.f, 1.f}};  // [query column][key row]
+      if (recompute && sc.dropout)  // rows: the thread's two queries; the lane pair: g and g ^ 1
+        pair_keep(sc, bh * sc.S + q0 + il0, bh * sc.S + q0 + il0 + 1, k0 + 16 * warp + 4 * (g >> 1), g & 1, 4, keep);
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int r = c >> 1, il = il0 + (c & 1);
+        const int64_t i = q0 + il, j = k0 + jl[r];
+        float prob = 0.f, dropped = 0.f, d = 0.f;
+        if constexpr (recompute) {
+          if (key_ok[jl[r]] != 0.f && q_lse[il] != -INFINITY) {
+            const float score = attention_score(pd[nt][c], sc.scale, sc.E[(h * sc.M + i) * sc.M + j], w_in, w_x,
+                                                q_e[il], key_e[jl[r]]);
+            prob = exp2f((score - q_lse[il]) * kLog2e);
+          }
+          dropped = prob * keep[c & 1][r];
+          d = prob * (ds[nt][c] * keep[c & 1][r] - q_delta[il]);
+        } else {
+          if (i < sc.S && j < sc.S) {
+            const int64_t at = (bh * sc.S + i) * sc.S + j;
+            prob = p.P[at];
+            dropped = p.Pd[at];
+          }
+          d = dropped * ds[nt][c] - prob * q_delta[il];
+          colsum[r] += d;
+          rowsum_part[nt][c & 1] += dropped;
+        }
+        pd[nt][c] = dropped;
+        ds[nt][c] = d;
+        const float ei = q_e[il], ej = key_e[jl[r]];
+        dw_in_part += d * ei * ej;
+        dw_x_part += d * cross_term(ei, ej);
+        dSs[il * kWideStride + jl[r]] = d;
+      }
+    }
+
+    // dV += Pd^T dO;  dK += dS^T Q
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks) {
+      float a_pd[4], a_ds[4];
+      mma::accumulator_as_a(a_pd, pd[ks]);
+      mma::accumulator_as_a(a_ds, ds[ks]);
+      const auto Apd = Mma::make(a_pd);
+      const auto Ads = Mma::make(a_ds);
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        float bo[2][2], bq[2][2];
+        mma::load_b_pair(bo, dOTs, kStride, same, 16 * np, 8 * ks, lane);
+        mma::load_b_pair(bq, QTs, kStride, same, 16 * np, 8 * ks, lane);
+        Mma::mma(dV[2 * np], Apd, Mma::make(bo[0]));
+        Mma::mma(dV[2 * np + 1], Apd, Mma::make(bo[1]));
+        Mma::mma(dK[2 * np], Ads, Mma::make(bq[0]));
+        Mma::mma(dK[2 * np + 1], Ads, Mma::make(bq[1]));
+      }
+    }
+
+    if constexpr (kRead) {  // per query: over the thread's two keys, then the warp's 8 row groups
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          float v = rowsum_part[nt][c];
+          v += __shfl_xor_sync(0xffffffffu, v, 4);
+          v += __shfl_xor_sync(0xffffffffu, v, 8);
+          v += __shfl_xor_sync(0xffffffffu, v, 16);
+          if (g == 0) atomicAdd(&q_rowsum[8 * nt + 2 * t + c], v);
+        }
+    }
+    __syncthreads();  // dS and the row sums are complete
+
+    // dQ (64 queries x 64 d) += scale dS K: warp -> 16 queries x 32 d, k over the 128 keys.
+    {
+      const int qr = 16 * (warp & 3), dc = 32 * (warp >> 2);
+      const auto query_rows = [&](int r) { return qr + r; };
+      float dq[4][4] = {};
+#pragma unroll
+      for (int ks = 0; ks < kBwdKeys / 8; ++ks) {
+        float a[4];
+        mma::load_a(a, dSs, kWideStride, query_rows, 8 * ks, lane);
+        const auto A = Mma::make(a);
+#pragma unroll
+        for (int np = 0; np < 2; ++np) {
+          float bf[2][2];
+          mma::load_b_pair(bf, KTs, kWideStride, same, dc + 16 * np, 8 * ks, lane);
+          Mma::mma(dq[2 * np], A, Mma::make(bf[0]));
+          Mma::mma(dq[2 * np + 1], A, Mma::make(bf[1]));
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int64_t i = q0 + qr + g + 8 * r;
+        if (i >= sc.S) continue;
+        float* row = p.dq.row(b, h, i) + dc + 2 * t;
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+          mma::red_add2(row + 8 * nt, sc.scale * dq[nt][2 * r], sc.scale * dq[nt][2 * r + 1]);
+      }
+    }
+
+    // dE[h, i, j] += dS: the batch sum, four keys per atomic.
+    if (p.dE) {
+      const bool quads = sc.M % 4 == 0;
+      for (int idx = threadIdx.x; idx < kBwdRows * (kBwdKeys / 4); idx += kBwdThreads) {
+        const int il = idx / (kBwdKeys / 4), c4 = idx % (kBwdKeys / 4);
+        const int64_t i = q0 + il, j = k0 + 4 * c4;
+        if (i >= sc.S || j >= sc.S) continue;
+        const float* v = dSs + il * kWideStride + 4 * c4;
+        float* out = p.dE + (h * sc.M + i) * sc.M + j;
+        if (quads && j + 3 < sc.S) {
+          mma::red_add4(out, v[0], v[1], v[2], v[3]);
+        } else {
+          for (int x = 0; x < 4 && j + x < sc.S; ++x) atomicAdd(out + x, v[x]);
+        }
+      }
+    }
+    if (kRead && threadIdx.x < kBwdRows && q0 + threadIdx.x < sc.S)
+      atomicAdd(p.rowsum_pd + bh * sc.S + q0 + threadIdx.x, q_rowsum[threadIdx.x]);
+  }
+
+  // The keys' gradients: dK (times scale) and dV, this split's share.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t j = k0 + jl[r];
+    if (j >= sc.S) continue;
+    float* dk_row = p.dk.row(b, h, j) + 2 * t;
+    float* dv_row = p.dv.row(b, h, j) + 2 * t;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      mma::red_add2(dk_row + 8 * nt, sc.scale * dK[nt][2 * r], sc.scale * dK[nt][2 * r + 1]);
+      mma::red_add2(dv_row + 8 * nt, dV[nt][2 * r], dV[nt][2 * r + 1]);
+    }
+    if constexpr (kRead) {
+      float v = colsum[r];
+      v += __shfl_xor_sync(0xffffffffu, v, 1);
+      v += __shfl_xor_sync(0xffffffffu, v, 2);
+      if (t == 0) atomicAdd(p.colsum_ds + bh * sc.S + j, v);
+    }
+  }
+  if (p.dw_in) {
+    const float win = block_sum(dw_in_part), wx = block_sum(dw_x_part);
+    if (threadIdx.x == 0) {
+      atomicAdd(p.dw_in + h, win);
+      atomicAdd(p.dw_x + h, wx);
+    }
+  }
+}
+
+// delta[row] = dout_row . o_row for each (b, h, i): one warp per row of 64.
+__global__ void row_dot_kernel(const float* dout, const float* o, float* delta, int64_t rows, int64_t S, int64_t H) {
+  const int64_t row = warp_row();
+  if (row >= rows) return;
+  const int64_t i = row % S, h = (row / S) % H, b = row / (S * H);
+  const int64_t at = (b * S + i) * H * kD + h * kD + 2 * (threadIdx.x % 32);
+  const float2 x = *reinterpret_cast<const float2*>(dout + at), y = *reinterpret_cast<const float2*>(o + at);
+  const float v = warp_sum(x.x * y.x + x.y * y.y);
+  if (threadIdx.x % 32 == 0) delta[row] = v;
+}
+
+template <class Kernel>
+void allow_shared_memory(Kernel kernel, size_t bytes) {
+  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
+                "fused_attention");
+}
+
+// q, k, v (and the gradient views) must allow 16-byte loads of a head row.
+void check_rows(const char* what, const Tensor& t) {
+  const auto& st = t.strides();
+  TG_CHECK(aligned16(t.raw_data()) && st[3] == 1 && st[0] % 4 == 0 && st[1] % 4 == 0 && st[2] % 4 == 0,
+           "fused_attention: ", what, " ", t.shape(), " with strides ", st,
+           " must have 16-byte aligned rows with a unit last stride");
+}
+
+template <class Mma>
+void launch_forward(const AttentionInputs& in, const Tensor& o, const Tensor& lse) {
+  const ForwardArgs args{head_rows<const float>(in.q), head_rows<const float>(in.k), head_rows<const float>(in.v),
+                         o.data<float>(), lse.data<float>(), score_args(in)};
+  const size_t bytes = kFwdSmemFloats * sizeof(float);
+  allow_shared_memory(attention_forward_kernel<Mma>, bytes);
+  const dim3 grid(static_cast<unsigned>((in.d.S + kFwdRows - 1) / kFwdRows), static_cast<unsigned>(in.d.B * in.d.H));
+  attention_forward_kernel<Mma><<<grid, kFwdThreads, bytes, stream()>>>(args);
+  check_launch("fused_attention");
+}
+
+template <class Mma, bool kRead>
+void launch_backward(const AttentionInputs& in, const AttentionGradTensors& g) {
+  const AttentionDims d = in.d;
+  const int64_t key_tiles = (d.S + kBwdKeys - 1) / kBwdKeys, query_tiles = (d.S + kBwdRows - 1) / kBwdRows;
+  // Enough CTAs for two per SM: split the query tiles when the keys alone give too few.
+  const int64_t ctas = key_tiles * d.B * d.H, want = 2 * int64_t(context().sm_count);
+  const int splits = static_cast<int>(std::clamp<int64_t>((want + ctas - 1) / ctas, 1, query_tiles));
+  const BackwardArgs args{head_rows<const float>(in.q), head_rows<const float>(in.k), head_rows<const float>(in.v),
+                          g.dout.data<float>(), data_or_null<float>(g.lse), g.delta.data<float>(),
+                          data_or_null<float>(g.probs), data_or_null<float>(g.probs_dropped),
+                          head_rows<float>(g.dq), head_rows<float>(g.dk), head_rows<float>(g.dv),
+                          data_or_null<float>(g.dE), data_or_null<float>(g.dw_in), data_or_null<float>(g.dw_x),
+                          data_or_null<float>(g.colsum_ds), data_or_null<float>(g.rowsum_pd), score_args(in), splits};
+  const size_t bytes = kBwdSmemFloats * sizeof(float);
+  allow_shared_memory(attention_backward_kernel<Mma, kRead>, bytes);
+  const dim3 grid(static_cast<unsigned>(key_tiles * splits), static_cast<unsigned>(d.B * d.H));
+  attention_backward_kernel<Mma, kRead><<<grid, kBwdThreads, bytes, stream()>>>(args);
+  check_launch("fused_attention_backward");
+}
+
+}  // namespace
+
+}  // namespace tg::cuda
+
+namespace tg {
+
+template <>
+void FusedAttentionKernels<Device::CUDA>::forward(const AttentionInputs& in, const Tensor& o, const Tensor& lse,
+                                                  MatmulPrecision precision) {
+  using namespace cuda;
+  if (in.d.B * in.d.H * in.d.S == 0) return;
+  for (const auto& [t, name] : {std::pair{&in.q, "q"}, {&in.k, "k"}, {&in.v, "v"}}) check_rows(name, *t);
+  if (precision == MatmulPrecision::High) launch_forward<Tf32>(in, o, lse);
+  else launch_forward<Tf32x3>(in, o, lse);
+}
+
+template <>
+void FusedAttentionKernels<Device::CUDA>::row_dot(const Tensor& dout, const Tensor& o, const Tensor& delta,
+                                                  AttentionDims d) {
+  using namespace cuda;
+  const int64_t rows = d.B * d.H * d.S;
+  if (rows == 0) return;
+  row_dot_kernel<<<row_blocks(rows), 32 * kRowsPerBlock, 0, stream()>>>(dout.data<float>(), o.data<float>(),
+                                                                        delta.data<float>(), rows, d.S, d.H);
+  check_launch("fused_attention (row dot)");
+}
+
+template <>
+void FusedAttentionKernels<Device::CUDA>::backward(const AttentionInputs& in, const AttentionGradTensors& g,
+                                                   MatmulPrecision precision) {
+  using namespace cuda;
+  if (in.d.B * in.d.H * in.d.S == 0) return;
+  for (const auto& [t, name] : {std::pair{&in.q, "q"}, {&in.k, "k"}, {&in.v, "v"}, {&g.dq, "dq"}, {&g.dk, "dk"},
+                                {&g.dv, "dv"}})
+    check_rows(name, *t);
+  TG_CHECK(!g.probs.defined() || (g.colsum_ds.defined() && g.rowsum_pd.defined()),
+           "fused_attention_backward: reading P needs the column and row sum outputs");
+  const bool high = precision == MatmulPrecision::High, read = g.probs.defined();
+  if (high && read) launch_backward<Tf32, true>(in, g);
+  else if (high) launch_backward<Tf32, false>(in, g);
+  else if (read) launch_backward<Tf32x3, true>(in, g);
+  else launch_backward<Tf32x3, false>(in, g);
+}
+
+}  // namespace tg
+
+namespace tg {
+TG_INSTANTIATE_KERNELS(AttentionBiasKernels, Device::CUDA);
+}

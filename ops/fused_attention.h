@@ -1,0 +1,66 @@
+// The attention core of the region-aware layer as ONE op, forward and
+// backward each a single fused pass (tensor cores on CUDA), recorded on the
+// tape as one node. Per head h, with q, k, v the head's columns of qkv:
+//
+//   s_ij = scale q_i . k_j + E[h,i,j] + w_in[h] e_i e_j + w_x[h] (e_i (1-e_j) + (1-e_i) e_j)
+//          (-inf where a_j = 0);   P = softmax_j(s);   Pd = P m / (1-p);   o_i = sum_j Pd_ij v_j
+//
+// Gradient rules (the spec's backward; Delta_i = rowsum(do_i * o_i) = rowsum(dP * P),
+// so P is recomputed from the saved per-row log-sum-exp and no S x S tensor is kept):
+//
+//   dP = (do v^T) m / (1-p)         dS = P (dP - Delta)          (0 where a_j = 0)
+//   q <- scale dS k      k <- scale dS^T q      v <- Pd^T do       (into the qkv gradient)
+//   E <- sum_b dS on the [S,S] corner, 0 elsewhere    w_in <- sum dS e_i e_j    w_x <- sum dS cross_ij
+//
+// Saves qkv, o, the log-sum-exp [B,H,S], the masks and the bias parameters;
+// the dropout mask is regenerated from Philox (keyed like tg::dropout on the
+// [B,H,S,S] probabilities). docs/derivations.md derives it.
+//
+// Devices: CUDA float32 with head dim 64 runs the fused kernels (TF32 tensor
+// cores at "high", 3xTF32 at "highest"); another head dim or dtype on CUDA is
+// a tg::Error (use AttentionImpl::Decomposed). On the CPU the same algorithm
+// runs as plain loops, in float32 or float64, any head dim: for checking and
+// teaching, not for speed.
+#pragma once
+#include "core/cuda.h"
+#include "core/tensor.h"
+#include "ops/dropout.h"
+
+namespace tg {
+
+// qkv [B,S,3C] (column t*C + h*D + d), edit_mask and attn_mask [B,S] of 0/1,
+// edit_region_bias [H,M,M] (S <= M), within/cross_edit_bias [H,1,1]  ->  o [B,S,C].
+// Dropout: p and the Philox draw (an explicit mask is not supported).
+Tensor fused_attention(const Tensor& qkv, const Tensor& edit_mask, const Tensor& attn_mask,
+                       const Tensor& edit_region_bias, const Tensor& within_edit_bias, const Tensor& cross_edit_bias,
+                       int64_t heads, const DropoutOptions& dropout = {},
+                       MatmulPrecision precision = MatmulPrecision::Default);
+
+namespace fused {
+
+// The benchmark interface of shared/spec/region-attention.md: the whole
+// layer's backward from the spec's saved tensors, on CUDA, float32.
+struct BackwardInputs {
+  Tensor grad_output, hidden_states, edit_region_mask, qkv_weight, qkv_bias, out_weight, out_bias,
+      edit_region_bias, within_edit_bias, cross_edit_bias, attention_mask, query, key, value,
+      attention_scores, attention_probs, attention_probs_dropped, attention_output, dropout_mask;
+};
+
+struct Gradients {
+  Tensor hidden_states, qkv_weight, qkv_bias, out_weight, out_bias, edit_region_bias, within_edit_bias,
+      cross_edit_bias;
+};
+
+// Reads grad_output, hidden_states, the weights, query/key/value,
+// attention_probs, attention_probs_dropped, attention_output and the masks (P is
+// read, not recomputed: no log-sum-exp is given); modifies none of them.
+Gradients region_attention_backward(const BackwardInputs& in, double scale, double dropout_p,
+                                    MatmulPrecision precision = MatmulPrecision::Default);
+
+// The same, writing into `out` (every element, zeros included), for the C API.
+void region_attention_backward_into(const BackwardInputs& in, double scale, double dropout_p,
+                                    MatmulPrecision precision, const Gradients& out);
+
+}  // namespace fused
+
+}  // namespace tg

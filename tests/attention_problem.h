@@ -1,0 +1,26 @@
+// The benchmark interface's problem (shared/spec/region-attention.md): the
+// spec's input distribution, the decomposed forward that makes the saved
+// tensors, and the spec's backward formulas as plain ops (the reference).
+// Shared by the GPU tests and bench/region_attention.
+#pragma once
+#include <vector>
+
+#include "tapegrad.h"
+
+namespace tgtest {
+
+struct Spec {
+  int64_t B, S, C = 1024, H = 16, M = 1024;
+  double p = 0.1;
+};
+
+std::vector<tg::Tensor> inputs_of(const tg::fused::BackwardInputs& in);
+std::vector<tg::Tensor> outputs_of(const tg::fused::Gradients& g);
+
+// float32 on CUDA; edit / attn, when given, replace the drawn edit mask and the all-ones attention mask.
+tg::fused::BackwardInputs make_backward_inputs(const Spec& s, tg::Tensor edit = {}, tg::Tensor attn = {});
+
+// The spec's backward from the saved tensors, in `dtype` (fp32 GEMMs at "highest", or fp64).
+tg::fused::Gradients reference_backward(const tg::fused::BackwardInputs& in, double scale, double p, tg::DType dtype);
+
+}  // namespace tgtest

@@ -1,0 +1,221 @@
+// fused/ on CUDA: the fused op against the decomposed graph. The benchmark
+// interface at benchmark sizes under the benchmark's tolerance rule ("high")
+// and against a float64 reference ("highest"); edge shapes and masks; the
+// training path through the tape; the C API, its errors, streams and graph
+// capture. Every device allocation is poisoned with NaN (tests/main_cuda.cpp).
+#include <cmath>
+#include <map>
+
+#include "attention_problem.h"
+#include "cuda_helpers.h"
+#include "include/tapegrad/c_api.h"
+#ifdef TG_CUDA
+#include "core/cuda_context.h"
+#endif
+
+using namespace tgtest;
+
+namespace {
+
+using tg::fused::BackwardInputs;
+using tg::fused::Gradients;
+
+const char* const kOutputNames[] = {"grad_hidden_states", "grad_qkv_weight", "grad_qkv_bias", "grad_out_weight",
+                                    "grad_out_bias", "grad_edit_region_bias", "grad_within_edit_bias",
+                                    "grad_cross_edit_bias"};
+
+// The benchmark's rule: |out - ref| <= atol + 1e-5 |ref| for >= 99% of the elements, no NaN/Inf.
+void check_benchmark_rule(const Gradients& got, const Gradients& ref, double atol) {
+  const auto g = outputs_of(got), r = outputs_of(ref);
+  for (size_t i = 0; i < g.size(); ++i) {
+    CAPTURE(kOutputNames[i]);
+    const std::vector<double> gv = g[i].to_vector(), rv = r[i].to_vector();
+    REQUIRE(gv.size() == rv.size());
+    size_t pass = 0;
+    bool finite = true;
+    for (size_t k = 0; k < gv.size(); ++k) {
+      finite = finite && std::isfinite(gv[k]);
+      pass += std::abs(gv[k] - rv[k]) <= atol + 1e-5 * std::abs(rv[k]);
+    }
+    CHECK(finite);
+    CHECK(static_cast<double>(pass) >= 0.99 * static_cast<double>(gv.size()));
+  }
+}
+
+// max |a - b| / max |b|.
+double relative_error(const tg::Tensor& a, const tg::Tensor& b) {
+  const std::vector<double> av = a.to_vector(), bv = b.to_vector();
+  double err = 0, scale = 0;
+  for (size_t k = 0; k < av.size(); ++k) {
+    if (!std::isfinite(av[k])) return INFINITY;
+    err = std::max(err, std::abs(av[k] - bv[k]));
+    scale = std::max(scale, std::abs(bv[k]));
+  }
+  return scale > 0 ? err / scale : err;
+}
+
+void check_case(const Spec& s, double atol, const BackwardInputs& in) {
+  const double scale = 1 / std::sqrt(double(s.C / s.H));
+  const std::vector<tg::Tensor> before = inputs_of(in);
+  std::vector<tg::Tensor> copies;
+  for (const tg::Tensor& t : before) copies.push_back(t.clone());
+  const Gradients high = tg::fused::region_attention_backward(in, scale, s.p, tg::MatmulPrecision::High);
+  const Gradients highest = tg::fused::region_attention_backward(in, scale, s.p, tg::MatmulPrecision::Highest);
+  for (size_t i = 0; i < before.size(); ++i) CHECK(max_abs_diff(before[i], copies[i]) == 0.0);  // inputs untouched
+  const Gradients ref32 = reference_backward(in, scale, s.p, tg::DType::Float32);
+  check_benchmark_rule(high, ref32, atol);
+  const Gradients ref64 = reference_backward(in, scale, s.p, tg::DType::Float64);
+  const auto h3 = outputs_of(highest), r32 = outputs_of(ref32), r64 = outputs_of(ref64);
+  for (size_t i = 0; i < h3.size(); ++i) {  // "highest": within 10x of the fp32 graph's own error
+    CAPTURE(kOutputNames[i]);
+    const double fused = relative_error(h3[i], r64[i]), fp32 = relative_error(r32[i], r64[i]);
+    CAPTURE(fused);
+    CAPTURE(fp32);
+    CHECK(fused <= 10 * fp32 + 1e-7);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("fused/benchmark interface at benchmark sizes: high under the benchmark rule, highest near fp32" *
+          doctest::skip(kNoGpu)) {
+  tg::manual_seed(101);
+  for (const auto& [S, B, atol] : std::vector<std::tuple<int64_t, int64_t, double>>{
+           {1024, 1, 0.026}, {773, 32, 0.14}, {128, 64, 0.089}, {293, 32, 0.092}, {373, 1, 0.019}}) {
+    CAPTURE(S);
+    CAPTURE(B);
+    const Spec s{B, S};
+    check_case(s, atol, make_backward_inputs(s));
+  }
+}
+
+TEST_CASE("fused/benchmark interface: edge shapes and masks" * doctest::skip(kNoGpu)) {
+  tg::manual_seed(102);
+  for (int64_t S : {1, 2, 77, 130}) {
+    for (double p : {0.0, 0.1}) {
+      CAPTURE(S);
+      CAPTURE(p);
+      const Spec s{3, S, 128, 2, 150, p};
+      tg::Tensor attn = tg::dropout_mask({3, S}, 0.3, {4, uint64_t(S)});
+      attn.narrow(0, 0, 1).fill_(0.0);  // batch 0: every key masked
+      check_case(s, 0.05, make_backward_inputs(s, {}, attn));
+      check_case(s, 0.05, make_backward_inputs(s, tg::ones({3, S}), {}));   // all inside
+      check_case(s, 0.05, make_backward_inputs(s, tg::zeros({3, S}), {}));  // all outside
+    }
+  }
+}
+
+TEST_CASE("fused/training path through the tape matches the decomposed graph (same Philox draw)" * doctest::skip(kNoGpu)) {
+  tg::manual_seed(103);
+  for (const auto& [B, S, C, H] : std::vector<std::array<int64_t, 4>>{{2, 77, 128, 2}, {2, 300, 1024, 16}, {3, 1, 64, 1}}) {
+    for (double p : {0.0, 0.1}) {
+      CAPTURE(S);
+      CAPTURE(p);
+      const tg::RegionAttentionParams host = tg::RegionAttentionParams::init({C, H, S + 3});
+      const tg::Tensor x = tg::randn({B, S, C}), e = tg::dropout_mask({B, S}, 0.5, {1, 1});
+      tg::Tensor a = tg::dropout_mask({B, S}, 0.2, {1, 2});
+      a.narrow(0, 0, 1).fill_(0.0);
+      const tg::Tensor dy = tg::randn({B, S, C}).cuda();
+      const tg::PhiloxState rng{77, 5};
+      std::map<std::string, std::vector<tg::Tensor>> results;
+      for (const auto& [name, impl, precision] :
+           std::vector<std::tuple<std::string, tg::AttentionImpl, std::string>>{
+               {"decomposed", tg::AttentionImpl::Decomposed, "highest"},
+               {"fused highest", tg::AttentionImpl::Fused, "highest"},
+               {"fused high", tg::AttentionImpl::Fused, "high"}}) {
+        tg::set_float32_matmul_precision(precision);
+        tg::RegionAttentionParams params = host;
+        for (tg::Tensor* t : {&params.qkv_weight, &params.qkv_bias, &params.out_weight, &params.out_bias,
+                              &params.edit_region_bias, &params.within_edit_bias, &params.cross_edit_bias})
+          *t = t->detach().cuda().requires_grad_();
+        tg::Tensor xg = x.cuda().requires_grad_();
+        const tg::Tensor y = tg::region_attention(xg, e.cuda(), a.cuda(), params, {p, rng}, impl);
+        y.backward(dy);
+        std::vector<tg::Tensor> r{y, xg.grad()};
+        for (const tg::Tensor& t : params.parameters()) r.push_back(t.grad());
+        results[name] = r;
+      }
+      tg::set_float32_matmul_precision("highest");
+      for (size_t i = 0; i < results["decomposed"].size(); ++i) {
+        CAPTURE(i);
+        CHECK(relative_error(results["fused highest"][i], results["decomposed"][i]) < 2e-5);
+        CHECK(relative_error(results["fused high"][i], results["decomposed"][i]) < 1e-2);
+      }
+    }
+  }
+}
+
+TEST_CASE("fused/training path saves O(B H S) beyond the activations" * doctest::skip(kNoGpu || !tg::cuda::caching_enabled())) {
+  tg::manual_seed(104);
+  const int64_t B = 2, S = 512, C = 1024, H = 16;
+  tg::RegionAttentionParams params = tg::RegionAttentionParams::init({C, H, S});
+  for (tg::Tensor* t : {&params.qkv_weight, &params.qkv_bias, &params.out_weight, &params.out_bias,
+                        &params.edit_region_bias, &params.within_edit_bias, &params.cross_edit_bias})
+    *t = t->detach().cuda().requires_grad_();
+  const tg::Tensor x = tg::randn({B, S, C}).cuda().requires_grad_(), e = tg::ones({B, S}).cuda(), a = e;
+  const size_t before = tg::cuda::memory_stats().allocated;
+  const tg::Tensor y = tg::region_attention(x, e, a, params, {0.1}, tg::AttentionImpl::Fused);
+  const double held = double(tg::cuda::memory_stats().allocated - before);
+  // qkv, o, y and the log-sum-exp: no [B,H,S,S] tensor (that alone would be 32 MiB here).
+  const double expected = 4.0 * (3 * B * S * C + B * S * C + B * S * C + B * H * S);
+  CHECK(held <= expected + 64 * 1024);
+  y.backward(tg::randn({B, S, C}).cuda());
+}
+
+#ifdef TG_CUDA
+TEST_CASE("fused/C API: results, errors that write nothing, a caller's stream, graph capture" * doctest::skip(kNoGpu)) {
+  tg::manual_seed(105);
+  const Spec s{2, 100, 128, 2, 120};
+  const BackwardInputs in = make_backward_inputs(s);
+  const double scale = 1 / std::sqrt(64.0);
+  const Gradients want = tg::fused::region_attention_backward(in, scale, s.p, tg::MatmulPrecision::High);
+  std::vector<tg::Tensor> outs;
+  for (const tg::Tensor& t : outputs_of(want)) outs.push_back(tg::full(t.shape(), NAN, {tg::DType::Float32, tg::Device::CUDA}));
+  std::vector<const float*> ip;
+  for (const tg::Tensor& t : inputs_of(in)) ip.push_back(t.data<float>());
+  std::vector<float*> op;
+  for (const tg::Tensor& t : outs) op.push_back(t.data<float>());
+  auto call = [&](int64_t S, int64_t C, int64_t H, int64_t M, void* stream) {
+    return tg_region_attention_backward(ip.data(), float(scale), float(s.p), s.B, S, C, H, M, op.data(),
+                                        TG_PRECISION_HIGH, stream);
+  };
+  CHECK(call(s.S, s.C, s.H, 50, nullptr) != 0);  // S > max_positions
+  CHECK(contains(tg_last_error(), "seq_len 100 exceeds max_positions 50"));
+  CHECK(call(s.S, 100, 3, s.M, nullptr) != 0);
+  CHECK(contains(tg_last_error(), "hidden 100 is not divisible by heads 3"));
+  CHECK(call(0, s.C, s.H, s.M, nullptr) != 0);
+  CHECK(contains(tg_last_error(), "sizes must be positive"));
+  ip[5] = nullptr;
+  CHECK(call(s.S, s.C, s.H, s.M, nullptr) != 0);
+  CHECK(contains(tg_last_error(), "input 5 is a null pointer"));
+  ip[5] = in.out_weight.data<float>();
+  for (const tg::Tensor& t : outs) CHECK(std::isnan(t.to_vector()[0]));  // nothing written
+  CHECK(std::string(tg_version()).find("tapegrad") == 0);
+
+  cudaStream_t stream;
+  REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+  REQUIRE(call(s.S, s.C, s.H, s.M, stream) == 0);
+  REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+  CHECK(std::string(tg_last_error()).empty());
+  const auto w = outputs_of(want);
+  for (size_t i = 0; i < outs.size(); ++i) CHECK(relative_error(outs[i], w[i]) < 1e-5);
+
+  // Captured after the warm-up call above: no allocation, every launch on the stream.
+  for (const tg::Tensor& t : outs) tg::Tensor(t).fill_(NAN);
+  tg::cuda::synchronize();
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal) == cudaSuccess);
+  const int rc = call(s.S, s.C, s.H, s.M, stream);
+  REQUIRE(cudaStreamEndCapture(stream, &graph) == cudaSuccess);
+  INFO(tg_last_error());
+  REQUIRE(rc == 0);
+  REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+  REQUIRE(cudaGraphLaunch(exec, stream) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+  for (size_t i = 0; i < outs.size(); ++i) CHECK(relative_error(outs[i], w[i]) < 1e-5);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+#endif

@@ -1,0 +1,127 @@
+// fused/ on the CPU: the algorithm the fused kernels implement (key blocks
+// with an online softmax, P recomputed from the log-sum-exp, Delta from do . o,
+// the Philox mask regenerated) against the decomposed graph in float64, and
+// the benchmark interface's backward (P read, the careful qkv bias) likewise.
+#include "helpers.h"
+
+using namespace tgtest;
+
+namespace {
+
+struct Layer {
+  tg::RegionAttentionParams params;
+  tg::Tensor x, e, a;
+};
+
+Layer make_layer(int64_t B, int64_t S, int64_t C, int64_t H, int64_t M, tg::Tensor e, tg::Tensor a) {
+  tg::RegionAttentionParams p = tg::RegionAttentionParams::init({C, H, M}, {tg::DType::Float64});
+  for (tg::Tensor* t : {&p.qkv_weight, &p.out_weight}) *t = tg::mul(*t, 10.0).detach().requires_grad_();  // O(1) scores
+  p.qkv_bias = tg::mul(tg::randn({3 * C}, {tg::DType::Float64}), 0.1).requires_grad_();
+  p.edit_region_bias = tg::mul(tg::randn({H, M, M}, {tg::DType::Float64}), 0.5).requires_grad_();
+  return {p, randn64({B, S, C}), e, a};
+}
+
+// Forward and every gradient of both implementations; max |fused - decomposed|.
+void check_fused_matches_decomposed(const Layer& L, double p, double tol = 1e-10) {
+  const tg::PhiloxState rng{17, 4};
+  std::vector<std::vector<tg::Tensor>> grads;
+  std::vector<tg::Tensor> outputs;
+  const tg::Tensor dy = tg::randn(L.x.shape(), {tg::DType::Float64});
+  for (tg::AttentionImpl impl : {tg::AttentionImpl::Decomposed, tg::AttentionImpl::Fused}) {
+    tg::RegionAttentionParams params = L.params;
+    for (tg::Tensor* t : {&params.qkv_weight, &params.qkv_bias, &params.out_weight, &params.out_bias,
+                          &params.edit_region_bias, &params.within_edit_bias, &params.cross_edit_bias})
+      *t = t->detach().clone().requires_grad_();
+    tg::Tensor x = L.x.detach().clone().requires_grad_();
+    const tg::Tensor y = tg::region_attention(x, L.e, L.a, params, {p, rng}, impl);
+    y.backward(dy);
+    outputs.push_back(y);
+    std::vector<tg::Tensor> g{x.grad()};
+    for (const tg::Tensor& t : params.parameters()) g.push_back(t.grad());
+    grads.push_back(g);
+  }
+  CHECK(max_abs_diff(outputs[1], outputs[0]) < tol);
+  for (size_t i = 0; i < grads[0].size(); ++i) {
+    CAPTURE(i);
+    REQUIRE(grads[1][i].defined());
+    CHECK(max_abs_diff(grads[1][i], grads[0][i]) < tol);
+  }
+}
+
+tg::Tensor mask64(std::vector<double> v, int64_t B, int64_t S) { return tg::from_vector(v, {B, S}, {tg::DType::Float64}); }
+
+}  // namespace
+
+TEST_CASE("fused/cpu float64: the fused algorithm equals the decomposed graph") {
+  tg::manual_seed(31);
+  SUBCASE("mixed edit mask, masked keys, p = 0.1, S = 70 (two key blocks, the second partial)") {
+    const int64_t B = 2, S = 70;
+    tg::Tensor a = tg::dropout_mask({B, S}, 0.2, {5, 5}, {tg::DType::Float64});
+    check_fused_matches_decomposed(
+        make_layer(B, S, 16, 2, 75, tg::dropout_mask({B, S}, 0.5, {6, 6}, {tg::DType::Float64}), a), 0.1);
+  }
+  SUBCASE("all inside, p = 0") {
+    check_fused_matches_decomposed(make_layer(2, 9, 8, 2, 9, tg::ones({2, 9}, {tg::DType::Float64}),
+                                              tg::ones({2, 9}, {tg::DType::Float64})),
+                                   0.0);
+  }
+  SUBCASE("all outside, one batch fully masked, p = 0.1") {
+    tg::Tensor a = tg::ones({2, 7}, {tg::DType::Float64});
+    a.narrow(0, 0, 1).fill_(0.0);
+    check_fused_matches_decomposed(make_layer(2, 7, 12, 3, 8, tg::zeros({2, 7}, {tg::DType::Float64}), a), 0.1);
+  }
+  SUBCASE("S = 1 and S = 2") {
+    check_fused_matches_decomposed(make_layer(3, 1, 8, 2, 4, mask64({1, 0, 1}, 3, 1), mask64({1, 1, 1}, 3, 1)), 0.1);
+    check_fused_matches_decomposed(make_layer(1, 2, 8, 1, 2, mask64({1, 0}, 1, 2), mask64({0, 1}, 1, 2)), 0.1);
+  }
+}
+
+TEST_CASE("fused/cpu float64: the benchmark interface backward equals the decomposed graph's") {
+  tg::manual_seed(32);
+  const int64_t B = 2, S = 11, C = 16, H = 2, M = 13, D = C / H;
+  const double p = 0.1;
+  const tg::TensorOptions f64{tg::DType::Float64};
+  Layer L = make_layer(B, S, C, H, M, tg::dropout_mask({B, S}, 0.5, {8, 1}, f64), tg::dropout_mask({B, S}, 0.1, {8, 2}, f64));
+  const tg::Tensor m = tg::dropout_mask({B, H, S, S}, p, {9, 9}, f64);
+  // The decomposed forward, keeping the tensors the interface reads.
+  tg::Tensor x = L.x.detach().clone().requires_grad_();
+  const tg::RegionAttentionParams& P = L.params;
+  const tg::Tensor qkv = tg::linear(x, P.qkv_weight, P.qkv_bias).view({B, S, 3, H, D}).permute({2, 0, 3, 1, 4});
+  const tg::Tensor q = qkv.narrow(0, 0, 1).squeeze(0).contiguous(), k = qkv.narrow(0, 1, 1).squeeze(0).contiguous(),
+                   v = qkv.narrow(0, 2, 1).squeeze(0).contiguous();
+  tg::Tensor s = tg::mul(tg::matmul(q, k.transpose(-1, -2)), 1 / std::sqrt(double(D)));
+  s = tg::add(s, tg::edit_bias(P.edit_region_bias, P.within_edit_bias, P.cross_edit_bias, L.e));
+  s = tg::masked_fill(s, tg::add(tg::neg(L.a), 1.0).view({B, 1, 1, S}), -INFINITY);
+  const tg::Tensor probs = tg::softmax(s), dropped = tg::dropout(probs, {p, std::nullopt, m});
+  const tg::Tensor o = tg::matmul(dropped, v).permute({0, 2, 1, 3}).reshape({B, S, C});
+  const tg::Tensor y = tg::linear(o, P.out_weight, P.out_bias);
+  const tg::Tensor dy = tg::randn({B, S, C}, f64);
+  y.backward(dy);
+  tg::NoGradGuard no_grad;
+  const tg::fused::BackwardInputs in{dy, x.detach(), L.e, P.qkv_weight.detach(), P.qkv_bias.detach(),
+                                     P.out_weight.detach(), P.out_bias.detach(), P.edit_region_bias.detach(),
+                                     P.within_edit_bias.detach(), P.cross_edit_bias.detach(), L.a, q.detach(),
+                                     k.detach(), v.detach(), s.detach(), probs.detach(), dropped.detach(), o.detach(), m};
+  const tg::fused::Gradients g = tg::fused::region_attention_backward(in, 1 / std::sqrt(double(D)), p);
+  CHECK(max_abs_diff(g.hidden_states, x.grad()) < 1e-10);
+  CHECK(max_abs_diff(g.qkv_weight, P.qkv_weight.grad()) < 1e-10);
+  CHECK(max_abs_diff(g.qkv_bias, P.qkv_bias.grad()) < 1e-10);
+  CHECK(max_abs_diff(g.out_weight, P.out_weight.grad()) < 1e-10);
+  CHECK(max_abs_diff(g.out_bias, P.out_bias.grad()) < 1e-10);
+  CHECK(max_abs_diff(g.edit_region_bias, P.edit_region_bias.grad()) < 1e-10);
+  CHECK(max_abs_diff(g.within_edit_bias, P.within_edit_bias.grad()) < 1e-10);
+  CHECK(max_abs_diff(g.cross_edit_bias, P.cross_edit_bias.grad()) < 1e-10);
+}
+
+TEST_CASE("errors/fused attention") {
+  const tg::Tensor qkv = tg::zeros({1, 3, 24}), e = tg::zeros({1, 3}), a = tg::ones({1, 3});
+  const tg::Tensor E = tg::zeros({2, 4, 4}), w = tg::zeros({2, 1, 1});
+  CHECK(error_of([&] { tg::fused_attention(tg::zeros({1, 3, 25}), e, a, E, w, w, 2); }) ==
+        "fused_attention: qkv [1,3,25] does not split into 3 x 2 heads");
+  CHECK(error_of([&] { tg::fused_attention(qkv, e, a, tg::zeros({2, 2, 2}), w, w, 2); }) ==
+        "fused_attention: sequence length 3 of qkv [1,3,24] exceeds the 2 positions of edit_region_bias [2,2,2]");
+  CHECK(contains(error_of([&] { tg::fused_attention(qkv, e, a, E, w, w, 2, {0.1, std::nullopt, tg::ones({1, 2, 3, 3})}); }),
+                 "an explicit dropout mask is not supported"));
+  CHECK(error_of([&] { tg::fused_attention(qkv, e, tg::from_vector({1, 3, 1}, {1, 3}), E, w, w, 2); }) ==
+        "fused_attention: attn_mask [1,3] must hold only 0 and 1; element 1 is 3");
+}
