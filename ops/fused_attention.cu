@@ -3,6 +3,7 @@
 // on TF32 tensor cores (core/mma.cuh). docs/derivations.md derives the math;
 // the CPU kernels in fused_attention.cpp run the same algorithm as loops.
 #include <algorithm>
+#include <mutex>
 
 #include "core/cuda_context.h"
 #include "core/cuda_loops.cuh"
@@ -475,9 +476,12 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attention_backward_kernel(Back
       atomicAdd(p.rowsum_pd + bh * sc.S + q0 + threadIdx.x, q_rowsum[threadIdx.x]);
   }
 
-  // The keys' gradients: dK (times scale) and dV, this split's share.
+  // The keys' gradients: dK (times scale) and dV, this split's share; the
+  // column sums are reduced over the quad first (every lane takes part).
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
+    colsum[r] += __shfl_xor_sync(0xffffffffu, colsum[r], 1);
+    colsum[r] += __shfl_xor_sync(0xffffffffu, colsum[r], 2);
     const int64_t j = k0 + jl[r];
     if (j >= sc.S) continue;
     float* dk_row = p.dk.row(b, h, j) + 2 * t;
@@ -487,12 +491,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attention_backward_kernel(Back
       mma::red_add2(dk_row + 8 * nt, sc.scale * dK[nt][2 * r], sc.scale * dK[nt][2 * r + 1]);
       mma::red_add2(dv_row + 8 * nt, dV[nt][2 * r], dV[nt][2 * r + 1]);
     }
-    if constexpr (kRead) {
-      float v = colsum[r];
-      v += __shfl_xor_sync(0xffffffffu, v, 1);
-      v += __shfl_xor_sync(0xffffffffu, v, 2);
-      if (t == 0) atomicAdd(p.colsum_ds + bh * sc.S + j, v);
-    }
+    if (kRead && t == 0) atomicAdd(p.colsum_ds + bh * sc.S + j, colsum[r]);
   }
   if (p.dw_in) {
     const float win = block_sum(dw_in_part), wx = block_sum(dw_x_part);
@@ -514,10 +513,15 @@ __global__ void row_dot_kernel(const float* dout, const float* o, float* delta, 
   if (threadIdx.x % 32 == 0) delta[row] = v;
 }
 
+// Raises the kernel's dynamic shared memory limit, once (not again inside a
+// CUDA graph capture of a later call).
 template <class Kernel>
 void allow_shared_memory(Kernel kernel, size_t bytes) {
-  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
-                "fused_attention");
+  static std::once_flag once;
+  std::call_once(once, [&] {
+    TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
+                  "fused_attention");
+  });
 }
 
 // q, k, v (and the gradient views) must allow 16-byte loads of a head row.
