@@ -513,13 +513,13 @@ __global__ void row_dot_kernel(const float* dout, const float* o, float* delta, 
   if (threadIdx.x % 32 == 0) delta[row] = v;
 }
 
-// Raises the kernel's dynamic shared memory limit, once (not again inside a
-// CUDA graph capture of a later call).
-template <class Kernel>
-void allow_shared_memory(Kernel kernel, size_t bytes) {
+// Raises kKernel's dynamic shared memory limit, once per kernel (not again
+// inside a CUDA graph capture of a later call).
+template <auto kKernel>
+void allow_shared_memory(size_t bytes) {
   static std::once_flag once;
   std::call_once(once, [&] {
-    TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
+    TG_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
                   "fused_attention");
   });
 }
@@ -537,7 +537,7 @@ void launch_forward(const AttentionInputs& in, const Tensor& o, const Tensor& ls
   const ForwardArgs args{head_rows<const float>(in.q), head_rows<const float>(in.k), head_rows<const float>(in.v),
                          o.data<float>(), lse.data<float>(), score_args(in)};
   const size_t bytes = kFwdSmemFloats * sizeof(float);
-  allow_shared_memory(attention_forward_kernel<Mma>, bytes);
+  allow_shared_memory<attention_forward_kernel<Mma>>(bytes);
   const dim3 grid(static_cast<unsigned>((in.d.S + kFwdRows - 1) / kFwdRows), static_cast<unsigned>(in.d.B * in.d.H));
   attention_forward_kernel<Mma><<<grid, kFwdThreads, bytes, stream()>>>(args);
   check_launch("fused_attention");
@@ -557,7 +557,7 @@ void launch_backward(const AttentionInputs& in, const AttentionGradTensors& g) {
                           data_or_null<float>(g.dE), data_or_null<float>(g.dw_in), data_or_null<float>(g.dw_x),
                           data_or_null<float>(g.colsum_ds), data_or_null<float>(g.rowsum_pd), score_args(in), splits};
   const size_t bytes = kBwdSmemFloats * sizeof(float);
-  allow_shared_memory(attention_backward_kernel<Mma, kRead>, bytes);
+  allow_shared_memory<attention_backward_kernel<Mma, kRead>>(bytes);
   const dim3 grid(static_cast<unsigned>(key_tiles * splits), static_cast<unsigned>(d.B * d.H));
   attention_backward_kernel<Mma, kRead><<<grid, kBwdThreads, bytes, stream()>>>(args);
   check_launch("fused_attention_backward");

@@ -5,6 +5,8 @@
 // autograd/op_list.h, generated from the list. Then the cases the table
 // cannot express: precision modes, bit-identical masks, device moves, the
 // sync-debug mode that blames a faulting kernel.
+#include <unistd.h>
+
 #include <cstdio>
 #include <limits>
 
@@ -32,7 +34,9 @@ void run_parity(tg::OpId op) {
 // The output of running this test binary again with `args` (the fault probe
 // runs in a child: a faulting kernel poisons its CUDA context for good).
 std::string run_self(const std::string& args, int& status) {
-  const std::string cmd = "/proc/self/exe " + args + " 2>&1";
+  char self[4096] = {};
+  REQUIRE(readlink("/proc/self/exe", self, sizeof self - 1) > 0);  // this binary, not the shell popen starts
+  const std::string cmd = std::string(self) + " " + args + " 2>&1";
   FILE* pipe = popen(cmd.c_str(), "r");
   REQUIRE(pipe);
   std::string out;
