@@ -42,6 +42,12 @@ void check_benchmark_rule(const Gradients& got, const Gradients& ref, double ato
   }
 }
 
+double max_abs(const tg::Tensor& t) {
+  double m = 0;
+  for (double v : t.to_vector()) m = std::max(m, std::abs(v));
+  return m;
+}
+
 // max |a - b| / max |b|.
 double relative_error(const tg::Tensor& a, const tg::Tensor& b) {
   const std::vector<double> av = a.to_vector(), bv = b.to_vector();
@@ -66,12 +72,21 @@ void check_case(const Spec& s, double atol, const BackwardInputs& in) {
   check_benchmark_rule(high, ref32, atol);
   const Gradients ref64 = reference_backward(in, scale, s.p, tg::DType::Float64);
   const auto h3 = outputs_of(highest), r32 = outputs_of(ref32), r64 = outputs_of(ref64);
+  double largest = 0;
+  for (const tg::Tensor& r : r64) largest = std::max(largest, max_abs(r));
   for (size_t i = 0; i < h3.size(); ++i) {  // "highest": within 10x of the fp32 graph's own error
-    CAPTURE(kOutputNames[i]);
+    CAPTURE(std::string(kOutputNames[i]));
     const double fused = relative_error(h3[i], r64[i]), fp32 = relative_error(r32[i], r64[i]);
+    const double magnitude = max_abs(r64[i]);
     CAPTURE(fused);
     CAPTURE(fp32);
-    CHECK(fused <= 10 * fp32 + 1e-7);
+    CAPTURE(magnitude);
+    CAPTURE(largest);
+    if (magnitude > 1e-6 * largest) {
+      CHECK(fused <= 10 * fp32 + 1e-7);
+    } else {  // zero up to rounding (a sum of dS, whose rows sum to 0): judged against the problem's scale
+      CHECK(fused * magnitude <= 1e-6 * largest);
+    }
   }
 }
 
