@@ -16,7 +16,7 @@ namespace tg::cuda {
 namespace {
 
 using mma::Tf32;
-using mma::Tf32x3;
+using mma::Tf32x6;
 
 constexpr int kD = 64;            // the head dim the kernels cover
 constexpr int kStride = 68;       // shared row stride of 64-wide tiles: ldmatrix rows in distinct banks
@@ -576,7 +576,7 @@ void FusedAttentionKernels<Device::CUDA>::forward(const AttentionInputs& in, con
   if (in.d.B * in.d.H * in.d.S == 0) return;
   for (const auto& [t, name] : {std::pair{&in.q, "q"}, {&in.k, "k"}, {&in.v, "v"}}) check_rows(name, *t);
   if (precision == MatmulPrecision::High) launch_forward<Tf32>(in, o, lse);
-  else launch_forward<Tf32x3>(in, o, lse);
+  else launch_forward<Tf32x6>(in, o, lse);
 }
 
 template <>
@@ -603,8 +603,8 @@ void FusedAttentionKernels<Device::CUDA>::backward(const AttentionInputs& in, co
   const bool high = precision == MatmulPrecision::High, read = g.probs.defined();
   if (high && read) launch_backward<Tf32, true>(in, g);
   else if (high) launch_backward<Tf32, false>(in, g);
-  else if (read) launch_backward<Tf32x3, true>(in, g);
-  else launch_backward<Tf32x3, false>(in, g);
+  else if (read) launch_backward<Tf32x6, true>(in, g);
+  else launch_backward<Tf32x6, false>(in, g);
 }
 
 }  // namespace tg
