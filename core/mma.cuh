@@ -7,8 +7,9 @@
 //   B (8 x 8, k x n):       b0 (k=t, n=g)  b1 (k=t+4, n=g)
 //   C (16 x 8):             c0 (g, 2t)  c1 (g, 2t+1)  c2 (g+8, 2t)  c3 (g+8, 2t+1)
 // Two precisions share the code through a policy: Tf32 ("high": one TF32
-// product, operands rounded to nearest) and Tf32x6 ("highest": each operand
-// split into three TF32 pieces, six products: fp32-level accuracy).
+// product, operands rounded to nearest) and Tf32x3 ("highest": each operand
+// split as big + small, both TF32, and a b ~ a_big b_big + a_big b_small +
+// a_small b_big, which carries fp32-level accuracy).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -49,35 +50,26 @@ struct Tf32 {
   }
 };
 
-// "highest": each operand split into three TF32 pieces, x = x1 + x2 + x3
-// (x2 = tf32(x - x1), x3 = tf32(x - x1 - x2): 33 significant bits, more than
-// fp32's 24), and the six products whose order is at most 2^-22 summed, the
-// smallest first. Two pieces (the common "3xTF32") carry only ~22 bits: up to
-// ~10x fp32's error per product, too much for sums that cancel.
-struct Tf32x6 {
+// "highest": three TF32 products per tile (the small terms first).
+struct Tf32x3 {
   template <int N>
   struct Frag {
-    uint32_t x1[N], x2[N], x3[N];
+    uint32_t big[N], small[N];
   };
   template <int N>
   __device__ __forceinline__ static Frag<N> make(const float (&v)[N]) {
     Frag<N> f;
 #pragma unroll
     for (int i = 0; i < N; ++i) {
-      f.x1[i] = to_tf32(v[i]);
-      const float r = v[i] - __uint_as_float(f.x1[i]);
-      f.x2[i] = to_tf32(r);
-      f.x3[i] = to_tf32(r - __uint_as_float(f.x2[i]));
+      f.big[i] = to_tf32(v[i]);
+      f.small[i] = to_tf32(v[i] - __uint_as_float(f.big[i]));
     }
     return f;
   }
   __device__ __forceinline__ static void mma(float (&d)[4], const Frag<4>& a, const Frag<2>& b) {
-    mma_16x8x8(d, a.x1, b.x3);
-    mma_16x8x8(d, a.x3, b.x1);
-    mma_16x8x8(d, a.x2, b.x2);
-    mma_16x8x8(d, a.x1, b.x2);
-    mma_16x8x8(d, a.x2, b.x1);
-    mma_16x8x8(d, a.x1, b.x1);
+    mma_16x8x8(d, a.small, b.big);
+    mma_16x8x8(d, a.big, b.small);
+    mma_16x8x8(d, a.big, b.big);
   }
 };
 

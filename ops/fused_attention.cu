@@ -16,7 +16,7 @@ namespace tg::cuda {
 namespace {
 
 using mma::Tf32;
-using mma::Tf32x6;
+using mma::Tf32x3;
 
 constexpr int kD = 64;            // the head dim the kernels cover
 constexpr int kStride = 68;       // shared row stride of 64-wide tiles: ldmatrix rows in distinct banks
@@ -300,7 +300,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attention_backward_kernel(Back
   const auto key_rows = [&](int r) { return key_of_row(warp, r); };
   const auto same = [](int r) { return r; };
   float dK[8][4] = {}, dV[8][4] = {};
-  float colsum[2] = {0.f, 0.f}, dw_in_part = 0.f, dw_x_part = 0.f;
+  float colsum[2] = {0.f, 0.f};
+  double dw_in_part = 0, dw_x_part = 0;  // sums of many dS that largely cancel: kept in fp64
   const int64_t query_tiles = (sc.S + kBwdRows - 1) / kBwdRows;
 
   for (int64_t qt = split; qt < query_tiles; qt += p.splits) {
@@ -494,10 +495,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attention_backward_kernel(Back
     if (kRead && t == 0) atomicAdd(p.colsum_ds + bh * sc.S + j, colsum[r]);
   }
   if (p.dw_in) {
-    const float win = block_sum(dw_in_part), wx = block_sum(dw_x_part);
+    const double win = block_sum(dw_in_part), wx = block_sum(dw_x_part);
     if (threadIdx.x == 0) {
-      atomicAdd(p.dw_in + h, win);
-      atomicAdd(p.dw_x + h, wx);
+      atomicAdd(p.dw_in + h, static_cast<float>(win));
+      atomicAdd(p.dw_x + h, static_cast<float>(wx));
     }
   }
 }
@@ -576,7 +577,7 @@ void FusedAttentionKernels<Device::CUDA>::forward(const AttentionInputs& in, con
   if (in.d.B * in.d.H * in.d.S == 0) return;
   for (const auto& [t, name] : {std::pair{&in.q, "q"}, {&in.k, "k"}, {&in.v, "v"}}) check_rows(name, *t);
   if (precision == MatmulPrecision::High) launch_forward<Tf32>(in, o, lse);
-  else launch_forward<Tf32x6>(in, o, lse);
+  else launch_forward<Tf32x3>(in, o, lse);
 }
 
 template <>
@@ -603,8 +604,8 @@ void FusedAttentionKernels<Device::CUDA>::backward(const AttentionInputs& in, co
   const bool high = precision == MatmulPrecision::High, read = g.probs.defined();
   if (high && read) launch_backward<Tf32, true>(in, g);
   else if (high) launch_backward<Tf32, false>(in, g);
-  else if (read) launch_backward<Tf32x6, true>(in, g);
-  else launch_backward<Tf32x6, false>(in, g);
+  else if (read) launch_backward<Tf32x3, true>(in, g);
+  else launch_backward<Tf32x3, false>(in, g);
 }
 
 }  // namespace tg
