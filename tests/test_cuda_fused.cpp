@@ -217,8 +217,9 @@ TEST_CASE("fused/C API: results, errors that write nothing, a caller's stream, g
 
   // Captured after the warm-up call above: no allocation, every launch on the
   // stream. Capture needs the caching allocator (not TG_CUDA_NO_CACHING=1, the
-  // sanitizer runs, where every tensor is its own cudaMalloc).
-  if (!tg::cuda::caching_enabled()) {
+  // sanitizer runs, where every tensor is its own cudaMalloc) and no
+  // synchronisation after each kernel (not TG_CUDA_SYNC=1).
+  if (!tg::cuda::caching_enabled() || tg::cuda::sync_debug()) {
     cudaStreamDestroy(stream);
     return;
   }
