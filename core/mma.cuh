@@ -129,6 +129,50 @@ __host__ __device__ __forceinline__ int interleaved_position(int k) {
   return base + ((r & 1) ? 4 + (r >> 1) : (r >> 1));
 }
 
+// acc (16 x 8N) += A (16 x 8K) B (8K x 8N) for one warp: A is rows
+// a_row(r), r in [0, 16), of a row-major shared tile; B is n-tiles n0 ..
+// n0 + 8N - 1 of an n-major shared tile ([n][k]).
+template <class Mma, int K, int N, class RowOf>
+__device__ __forceinline__ void tile_product(float (&acc)[N][4], const float* a_tile, int a_stride, const RowOf& a_row,
+                                             const float* b_tile, int b_stride, int n0, int lane) {
+  static_assert(N % 2 == 0, "tile_product: n-tiles go in pairs");
+  const auto same = [](int r) { return r; };
+#pragma unroll
+  for (int ks = 0; ks < K; ++ks) {
+    float a[4];
+    load_a(a, a_tile, a_stride, a_row, 8 * ks, lane);
+    const auto A = Mma::make(a);
+#pragma unroll
+    for (int np = 0; np < N / 2; ++np) {
+      float b[2][2];
+      load_b_pair(b, b_tile, b_stride, same, n0 + 16 * np, 8 * ks, lane);
+      Mma::mma(acc[2 * np], A, Mma::make(b[0]));
+      Mma::mma(acc[2 * np + 1], A, Mma::make(b[1]));
+    }
+  }
+}
+
+// The same with A an earlier product's accumulators (16 x 8K, k-step s in
+// a_acc[s], see accumulator_as_a): B's k index must be stored interleaved.
+template <class Mma, int K, int N>
+__device__ __forceinline__ void accumulator_product(float (&acc)[N][4], const float (&a_acc)[K][4], const float* b_tile,
+                                                    int b_stride, int lane) {
+  const auto same = [](int r) { return r; };
+#pragma unroll
+  for (int ks = 0; ks < K; ++ks) {
+    float a[4];
+    accumulator_as_a(a, a_acc[ks]);
+    const auto A = Mma::make(a);
+#pragma unroll
+    for (int np = 0; np < N / 2; ++np) {
+      float b[2][2];
+      load_b_pair(b, b_tile, b_stride, same, 16 * np, 8 * ks, lane);
+      Mma::mma(acc[2 * np], A, Mma::make(b[0]));
+      Mma::mma(acc[2 * np + 1], A, Mma::make(b[1]));
+    }
+  }
+}
+
 // Atomic adds without a return value: two and four consecutive floats (16-byte
 // aligned for four) in one instruction.
 __device__ __forceinline__ void red_add2(float* p, float x, float y) {

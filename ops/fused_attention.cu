@@ -132,7 +132,6 @@ __global__ void __launch_bounds__(kFwdThreads) attention_forward_kernel(ForwardA
   float acc[8][4] = {};
   load_head_tile<kFwdThreads>(p.q, b, h, q0, kFwdRows, sc.S, Qs, nullptr, 0, false);
   const auto warp_row = [&](int r) { return 16 * warp + r; };
-  const auto same = [](int r) { return r; };
 
   for (int64_t k0 = 0; k0 < sc.S; k0 += kFwdKeys) {
     __syncthreads();  // the previous tile is no longer read
@@ -146,19 +145,7 @@ __global__ void __launch_bounds__(kFwdThreads) attention_forward_kernel(ForwardA
     __syncthreads();
 
     float s[8][4] = {};
-#pragma unroll
-    for (int ks = 0; ks < 8; ++ks) {
-      float a[4];
-      mma::load_a(a, Qs, kStride, warp_row, 8 * ks, lane);
-      const auto A = Mma::make(a);
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        float bf[2][2];
-        mma::load_b_pair(bf, Ks, kStride, same, 16 * np, 8 * ks, lane);
-        Mma::mma(s[2 * np], A, Mma::make(bf[0]));
-        Mma::mma(s[2 * np + 1], A, Mma::make(bf[1]));
-      }
-    }
+    mma::tile_product<Mma, 8, 8>(s, Qs, kStride, warp_row, Ks, kStride, 0, lane);
 
     // Scores, then the online softmax: rescale what is accumulated to the new row max.
     float tile_max[2] = {-INFINITY, -INFINITY};
@@ -200,20 +187,7 @@ __global__ void __launch_bounds__(kFwdThreads) attention_forward_kernel(ForwardA
       }
     }
 
-    // O += Pd V
-#pragma unroll
-    for (int ks = 0; ks < 8; ++ks) {
-      float a[4];
-      mma::accumulator_as_a(a, s[ks]);
-      const auto A = Mma::make(a);
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        float bf[2][2];
-        mma::load_b_pair(bf, Vt, kStride, same, 16 * np, 8 * ks, lane);
-        Mma::mma(acc[2 * np], A, Mma::make(bf[0]));
-        Mma::mma(acc[2 * np + 1], A, Mma::make(bf[1]));
-      }
-    }
+    mma::accumulator_product<Mma, 8, 8>(acc, s, Vt, kStride, lane);  // O += Pd V
   }
 
   const int64_t C = sc.H * kD;
@@ -298,7 +272,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attention_backward_kernel(Back
 
   const int jl[2] = {key_of_row(warp, g), key_of_row(warp, g + 8)};  // this thread's two keys
   const auto key_rows = [&](int r) { return key_of_row(warp, r); };
-  const auto same = [](int r) { return r; };
   float dK[8][4] = {}, dV[8][4] = {};
   float colsum[2] = {0.f, 0.f};
   double dw_in_part = 0, dw_x_part = 0;  // sums of many dS that largely cancel: kept in fp64
@@ -323,38 +296,12 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attention_backward_kernel(Back
 
     // dPd^T = V dO^T
     float ds[8][4] = {};
-#pragma unroll
-    for (int ks = 0; ks < 8; ++ks) {
-      float a[4];
-      mma::load_a(a, Vs, kStride, key_rows, 8 * ks, lane);
-      const auto A = Mma::make(a);
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        float bf[2][2];
-        mma::load_b_pair(bf, dOs, kStride, same, 16 * np, 8 * ks, lane);
-        Mma::mma(ds[2 * np], A, Mma::make(bf[0]));
-        Mma::mma(ds[2 * np + 1], A, Mma::make(bf[1]));
-      }
-    }
+    mma::tile_product<Mma, 8, 8>(ds, Vs, kStride, key_rows, dOs, kStride, 0, lane);
 
     // P^T and Pd^T, read or recomputed from S^T = K Q^T; then in place:
     // pd <- Pd^T and ds <- dS^T = P^T (dP^T - Delta) = Pd^T dPd^T - P^T Delta.
     float pd[8][4] = {};
-    if constexpr (recompute) {
-#pragma unroll
-      for (int ks = 0; ks < 8; ++ks) {
-        float a[4];
-        mma::load_a(a, Ks, kStride, key_rows, 8 * ks, lane);
-        const auto A = Mma::make(a);
-#pragma unroll
-        for (int np = 0; np < 4; ++np) {
-          float bf[2][2];
-          mma::load_b_pair(bf, Qs, kStride, same, 16 * np, 8 * ks, lane);
-          Mma::mma(pd[2 * np], A, Mma::make(bf[0]));
-          Mma::mma(pd[2 * np + 1], A, Mma::make(bf[1]));
-        }
-      }
-    }
+    if constexpr (recompute) mma::tile_product<Mma, 8, 8>(pd, Ks, kStride, key_rows, Qs, kStride, 0, lane);
     float rowsum_part[8][2] = {};
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
@@ -394,25 +341,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attention_backward_kernel(Back
       }
     }
 
-    // dV += Pd^T dO;  dK += dS^T Q
-#pragma unroll
-    for (int ks = 0; ks < 8; ++ks) {
-      float a_pd[4], a_ds[4];
-      mma::accumulator_as_a(a_pd, pd[ks]);
-      mma::accumulator_as_a(a_ds, ds[ks]);
-      const auto Apd = Mma::make(a_pd);
-      const auto Ads = Mma::make(a_ds);
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        float bo[2][2], bq[2][2];
-        mma::load_b_pair(bo, dOTs, kStride, same, 16 * np, 8 * ks, lane);
-        mma::load_b_pair(bq, QTs, kStride, same, 16 * np, 8 * ks, lane);
-        Mma::mma(dV[2 * np], Apd, Mma::make(bo[0]));
-        Mma::mma(dV[2 * np + 1], Apd, Mma::make(bo[1]));
-        Mma::mma(dK[2 * np], Ads, Mma::make(bq[0]));
-        Mma::mma(dK[2 * np + 1], Ads, Mma::make(bq[1]));
-      }
-    }
+    mma::accumulator_product<Mma, 8, 8>(dV, pd, dOTs, kStride, lane);  // dV += Pd^T dO
+    mma::accumulator_product<Mma, 8, 8>(dK, ds, QTs, kStride, lane);  // dK += dS^T Q
 
     if constexpr (kRead) {  // per query: over the thread's two keys, then the warp's 8 row groups
 #pragma unroll
@@ -433,19 +363,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attention_backward_kernel(Back
       const int qr = 16 * (warp & 3), dc = 32 * (warp >> 2);
       const auto query_rows = [&](int r) { return qr + r; };
       float dq[4][4] = {};
-#pragma unroll
-      for (int ks = 0; ks < kBwdKeys / 8; ++ks) {
-        float a[4];
-        mma::load_a(a, dSs, kWideStride, query_rows, 8 * ks, lane);
-        const auto A = Mma::make(a);
-#pragma unroll
-        for (int np = 0; np < 2; ++np) {
-          float bf[2][2];
-          mma::load_b_pair(bf, KTs, kWideStride, same, dc + 16 * np, 8 * ks, lane);
-          Mma::mma(dq[2 * np], A, Mma::make(bf[0]));
-          Mma::mma(dq[2 * np + 1], A, Mma::make(bf[1]));
-        }
-      }
+      mma::tile_product<Mma, kBwdKeys / 8, 4>(dq, dSs, kWideStride, query_rows, KTs, kWideStride, dc, lane);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int64_t i = q0 + qr + g + 8 * r;
