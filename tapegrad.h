@@ -7,6 +7,8 @@
 #include "core/error.h"
 #include "core/random.h"
 #include "core/tensor.h"
+#include "models/layers.h"
+#include "models/module.h"
 #include "models/region_attention.h"
 #include "ops/copy.h"
 #include "ops/dropout.h"
