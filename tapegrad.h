@@ -9,6 +9,7 @@
 #include "core/tensor.h"
 #include "models/layers.h"
 #include "models/module.h"
+#include "models/optim.h"
 #include "models/region_attention.h"
 #include "ops/copy.h"
 #include "ops/dropout.h"
