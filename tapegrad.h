@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/random.h"
 #include "core/tensor.h"
+#include "models/checkpoint.h"
 #include "models/layers.h"
 #include "models/module.h"
 #include "models/optim.h"
