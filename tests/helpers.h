@@ -56,6 +56,13 @@ inline std::string error_of(const std::function<void()>& f) {
   return "";
 }
 
+// The keys of a state_dict, in order.
+inline std::vector<std::string> keys_of(const tg::StateDict& dict) {
+  std::vector<std::string> keys;
+  for (const auto& entry : dict) keys.push_back(entry.first);
+  return keys;
+}
+
 inline bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 }  // namespace tgtest

@@ -1,0 +1,202 @@
+#include "models/optim.h"
+
+#include <cmath>
+#include <numbers>
+#include <set>
+
+#include "autograd/grad_mode.h"
+#include "ops/copy.h"
+#include "ops/elementwise.h"
+#include "ops/reduce.h"
+
+namespace tg::optim {
+
+namespace {
+
+// sqrt as exp(log(x) / 2): there is no sqrt op yet, and these two exist on
+// every device. Exact at 0 (exp(-inf) = 0), within a few ulps elsewhere.
+Tensor sqrt_of(const Tensor& x) { return exp(mul(log(x), 0.5)); }
+
+std::string state_key(size_t i, const std::string& name) { return "state." + std::to_string(i) + "." + name; }
+
+// A step count stored as a 0-d tensor: a whole number in [1, 2^53].
+int64_t checked_step(const std::string& op, const std::string& key, const Tensor& t) {
+  TG_CHECK(t.dim() == 0, op, ": '", key, "' must be a 0-d tensor, got shape ", t.shape());
+  const double v = t.item();
+  TG_CHECK(v >= 1 && v <= 9007199254740992.0 && v == std::floor(v), op, ": '", key,
+           "' must be a whole number of steps >= 1, got ", v);
+  return static_cast<int64_t>(v);
+}
+
+}  // namespace
+
+// ---- Optimizer
+
+Optimizer::Optimizer(std::vector<Tensor> params, double lr, const char* name)
+    : params_(std::move(params)), state_(params_.size()), name_(name) {
+  TG_CHECK(!params_.empty(), name, ": got an empty parameter list");
+  std::set<const TensorImpl*> seen;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i];
+    TG_CHECK(p.defined(), name, ": parameter ", i, " is an undefined tensor");
+    TG_CHECK(p.is_leaf(), name, ": parameter ", i, " ", p.shape(), " is not a leaf tensor");
+    TG_CHECK(seen.insert(p.impl().get()).second, name, ": parameter ", i, " ", p.shape(), " appears more than once");
+  }
+  set_lr(lr);
+}
+
+void Optimizer::set_lr(double lr) {
+  TG_CHECK(std::isfinite(lr) && lr >= 0, name_, ": lr must be finite and >= 0, got ", lr);
+  lr_ = lr;
+}
+
+void Optimizer::zero_grad() {
+  for (Tensor& p : params_) p.zero_grad();
+}
+
+StateDict Optimizer::state_dict() const {
+  StateDict out;
+  for (size_t i = 0; i < state_.size(); ++i) {
+    if (state_[i].step == 0) continue;
+    out.emplace_back(state_key(i, "step"), scalar_tensor(static_cast<double>(state_[i].step), {DType::Float64}));
+    for (const auto& [name, t] : state_[i].buffers) out.emplace_back(state_key(i, name), t);
+  }
+  return out;
+}
+
+void Optimizer::load_state_dict(const StateDict& dict) {
+  const std::string op = std::string(name_) + "::load_state_dict";
+  std::map<std::string, Tensor> given = by_name(op, dict);
+  std::vector<ParamState> loaded(params_.size());
+  NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const auto step = given.find(state_key(i, "step"));
+    if (step == given.end()) continue;  // parameter i has not stepped
+    loaded[i].step = checked_step(op, step->first, step->second);
+    given.erase(step);
+    const Tensor& p = params_[i];
+    for (const std::string& name : buffer_names()) {
+      const std::string key = state_key(i, name);
+      const auto it = given.find(key);
+      TG_CHECK(it != given.end(), op, ": missing key '", key, "' (parameter ", i, " has a step count)");
+      const Tensor& src = it->second;
+      TG_CHECK(src.shape() == p.shape() && src.dtype() == p.dtype(), op, ": '", key, "' is ", src.dtype(), " ",
+               src.shape(), ", but parameter ", i, " is ", p.dtype(), " ", p.shape());
+      loaded[i].buffers[name] = empty_like(p).copy_(src);
+      given.erase(it);
+    }
+  }
+  TG_CHECK(given.empty(), op, ": unexpected key '", given.empty() ? "" : given.begin()->first, "'");
+  state_ = std::move(loaded);
+}
+
+// ---- SGD
+
+SGD::SGD(std::vector<Tensor> params, const SGDOptions& options)
+    : Optimizer(std::move(params), options.lr, "SGD"), options_(options) {
+  TG_CHECK(options.momentum >= 0 && options.weight_decay >= 0, "SGD: momentum ", options.momentum,
+           " and weight_decay ", options.weight_decay, " must be >= 0");
+}
+
+std::vector<std::string> SGD::buffer_names() const {
+  if (options_.momentum == 0) return {};
+  return {"momentum_buffer"};
+}
+
+void SGD::step() {
+  NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor& p = params_[i];
+    const Tensor grad = p.grad();
+    if (!grad.defined()) continue;
+    ParamState& s = state_[i];
+    Tensor g = options_.weight_decay == 0 ? grad : add(grad, mul(p, options_.weight_decay));
+    if (options_.momentum != 0) {
+      Tensor& buffer = s.buffers["momentum_buffer"];
+      if (buffer.defined()) {
+        buffer.mul_(options_.momentum).add_(g);
+      } else {
+        buffer = clone(g);
+      }
+      g = buffer;
+    }
+    ++s.step;
+    p.add_(g, -lr_);
+  }
+}
+
+// ---- AdamW
+
+AdamW::AdamW(std::vector<Tensor> params, const AdamWOptions& options)
+    : Optimizer(std::move(params), options.lr, "AdamW"), options_(options) {
+  const auto& o = options;
+  TG_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, "AdamW: betas must be in [0, 1), got (",
+           o.beta1, ", ", o.beta2, ")");
+  TG_CHECK(o.eps >= 0 && o.weight_decay >= 0, "AdamW: eps ", o.eps, " and weight_decay ", o.weight_decay,
+           " must be >= 0");
+}
+
+std::vector<std::string> AdamW::buffer_names() const { return {"exp_avg", "exp_avg_sq"}; }
+
+void AdamW::step() {
+  NoGradGuard no_grad;
+  const AdamWOptions& o = options_;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor& p = params_[i];
+    const Tensor g = p.grad();
+    if (!g.defined()) continue;
+    ParamState& s = state_[i];
+    if (s.step == 0) s.buffers = {{"exp_avg", zeros_like(p)}, {"exp_avg_sq", zeros_like(p)}};
+    const double t = static_cast<double>(++s.step);
+    Tensor& m = s.buffers.at("exp_avg");
+    Tensor& v = s.buffers.at("exp_avg_sq");
+    p.mul_(1 - lr_ * o.weight_decay);
+    m.mul_(o.beta1).add_(g, 1 - o.beta1);
+    v.mul_(o.beta2).add_(mul(g, g), 1 - o.beta2);
+    const double bias_correction1 = 1 - std::pow(o.beta1, t), bias_correction2 = 1 - std::pow(o.beta2, t);
+    const Tensor denom = add(mul(sqrt_of(v), 1 / std::sqrt(bias_correction2)), o.eps);
+    p.add_(div(m, denom), -lr_ / bias_correction1);
+  }
+}
+
+// ---- CosineSchedule
+
+CosineSchedule::CosineSchedule(double base_lr, int64_t warmup_steps, int64_t total_steps, double min_lr)
+    : base_lr_(base_lr), min_lr_(min_lr), warmup_steps_(warmup_steps), total_steps_(total_steps) {
+  TG_CHECK(base_lr >= 0 && min_lr >= 0 && min_lr <= base_lr, "CosineSchedule: need 0 <= min_lr <= base_lr, got min_lr ",
+           min_lr, " and base_lr ", base_lr);
+  TG_CHECK(warmup_steps >= 0 && warmup_steps <= total_steps, "CosineSchedule: need 0 <= warmup_steps <= total_steps, got ",
+           warmup_steps, " and ", total_steps);
+}
+
+double CosineSchedule::lr(int64_t step) const {
+  TG_CHECK(step >= 0, "CosineSchedule: step must be >= 0, got ", step);
+  if (step < warmup_steps_) return base_lr_ * static_cast<double>(step + 1) / static_cast<double>(warmup_steps_);
+  if (step >= total_steps_) return min_lr_;
+  const double progress =
+      static_cast<double>(step - warmup_steps_) / static_cast<double>(total_steps_ - warmup_steps_);
+  return min_lr_ + (base_lr_ - min_lr_) * (1 + std::cos(std::numbers::pi * progress)) / 2;
+}
+
+}  // namespace tg::optim
+
+namespace tg::nn::utils {
+
+double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
+  TG_CHECK(std::isfinite(max_norm) && max_norm > 0, "clip_grad_norm_: max_norm must be finite and > 0, got ", max_norm);
+  NoGradGuard no_grad;
+  std::vector<Tensor> grads;
+  for (size_t i = 0; i < params.size(); ++i) {
+    TG_CHECK(params[i].defined(), "clip_grad_norm_: parameter ", i, " is an undefined tensor");
+    if (params[i].grad().defined()) grads.push_back(params[i].grad());
+  }
+  double sum_of_squares = 0;
+  for (const Tensor& g : grads) sum_of_squares += sum(mul(g, g)).item();
+  const double total_norm = std::sqrt(sum_of_squares);
+  const double clip_coef = max_norm / (total_norm + 1e-6);
+  if (!(clip_coef >= 1))  // also when NaN, as PyTorch's clamp(max=1) lets NaN through
+    for (Tensor& g : grads) g.mul_(clip_coef);
+  return total_norm;
+}
+
+}  // namespace tg::nn::utils

@@ -1,0 +1,277 @@
+// Optimizers against steps worked out by hand (and against torch.optim.AdamW
+// through a recorded fixture), their state export, the cosine schedule and
+// gradient clipping.
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "helpers.h"
+
+using namespace tgtest;
+namespace optim = tg::optim;
+
+namespace {
+
+tg::Tensor param64(const std::vector<double>& values) {
+  return tg::from_vector(values, {static_cast<int64_t>(values.size())}, {tg::DType::Float64}).requires_grad_();
+}
+
+// Sets p.grad() to exactly g through a backward pass: d/dp sum(p * g) = g.
+void set_grad(tg::Tensor p, const std::vector<double>& g) {
+  p.zero_grad();
+  tg::sum(tg::mul(p, tg::from_vector(g, p.shape(), {p.dtype(), p.device()}))).backward();
+}
+
+void check_values(const tg::Tensor& t, const std::vector<double>& expected, double tolerance) {
+  const std::vector<double> v = t.to_vector();
+  REQUIRE(v.size() == expected.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    INFO("element " << i << ": " << v[i] << " vs " << expected[i]);
+    CHECK(std::abs(v[i] - expected[i]) <= tolerance);
+  }
+}
+
+struct Step {
+  std::vector<double> grad, expected;  // the gradient given, the parameter after the step
+};
+
+void check_steps(optim::Optimizer& optimizer, const tg::Tensor& p, const std::vector<Step>& steps, double tolerance) {
+  for (size_t k = 0; k < steps.size(); ++k) {
+    INFO("step " << k + 1);
+    set_grad(p, steps[k].grad);
+    optimizer.step();
+    check_values(p, steps[k].expected, tolerance);
+  }
+}
+
+tg::Tensor entry(const tg::StateDict& dict, const std::string& name) {
+  for (const auto& [key, t] : dict)
+    if (key == name) return t;
+  FAIL("no entry " << name);
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("optim/SGD with momentum and weight decay against steps by hand") {
+  tg::Tensor p = param64({1.0, -2.0});
+  optim::SGD sgd({p}, {.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01});
+  // d = g + 0.01 p;  b = d (step 1), else 0.9 b + d;  p -= 0.1 b
+  check_steps(sgd, p,
+              {// step 1: d = [0.51, 0.23] = b;  p = [1 - 0.051, -2 - 0.023]
+               {{0.5, 0.25}, {0.949, -2.023}},
+               // step 2: d = [-1 + 0.00949, 2 - 0.02023];  b = [0.459 - 0.99051, 0.207 + 1.97977] = [-0.53151, 2.18677]
+               {{-1.0, 2.0}, {1.002151, -2.241677}},
+               // step 3: d = [0.11002151, -0.02241677];  b = [-0.36833749, 1.94567623]
+               {{0.1, 0.0}, {1.038984749, -2.436244623}}},
+              1e-15);
+  CHECK(p.is_leaf());
+  CHECK(p.requires_grad());
+}
+
+TEST_CASE("optim/SGD without momentum is p -= lr g") {
+  tg::Tensor p = param64({3.0});
+  optim::SGD sgd({p}, {.lr = 0.5});
+  set_grad(p, {2.0});
+  sgd.step();
+  check_values(p, {2.0}, 0.0);
+  CHECK(keys_of(sgd.state_dict()) == std::vector<std::string>{"state.0.step"});
+}
+
+TEST_CASE("optim/AdamW against steps by hand") {
+  tg::Tensor p = param64({0.5, -1.5});
+  optim::AdamW adamw({p}, {.lr = 0.01, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.1});
+  check_steps(adamw, p,
+              {// Step 1: m/(1-b1) = g and v/(1-b2) = g^2, so p = p (1 - lr wd) - lr g / (|g| + eps).
+               {{0.2, -0.4}, {0.5 * 0.999 - 0.01 * 0.2 / (0.2 + 1e-8), -1.5 * 0.999 + 0.01 * 0.4 / (0.4 + 1e-8)}},
+               // Steps 2 and 3 by the same formulas, carried out separately in float64: after step 2,
+               // m = [0.028, -0.036] and v = [4.996e-05, 1.5984e-04] (g = [0.1, 0]: the zero still moves p).
+               {{0.1, 0.0}, {0.4796887047010366, -1.480310917945345}},
+               {{-0.3, 0.5}, {0.48002878393690246, -1.4805871725039632}}},
+              1e-15);
+  const tg::StateDict state = adamw.state_dict();
+  check_values(entry(state, "state.0.exp_avg"), {-0.0048, 0.0176}, 1e-15);
+  check_values(entry(state, "state.0.exp_avg_sq"), {0.00013991004, 0.00040968016}, 1e-15);
+  CHECK(entry(state, "state.0.step").item() == 3);
+}
+
+TEST_CASE("optim/a parameter without a gradient is skipped and keeps no state") {
+  tg::Tensor a = param64({1.0}), b = param64({1.0});
+  optim::AdamW adamw({a, b});
+  set_grad(a, {1.0});
+  adamw.step();
+  CHECK(b.item() == 1.0);
+  CHECK(a.item() != 1.0);
+  CHECK(keys_of(adamw.state_dict()) ==
+        std::vector<std::string>{"state.0.step", "state.0.exp_avg", "state.0.exp_avg_sq"});
+  adamw.zero_grad();
+  CHECK_FALSE(a.grad().defined());
+}
+
+TEST_CASE("optim/state_dict and load_state_dict continue training identically") {
+  const std::vector<std::vector<double>> grads = {{0.3, -0.1, 2}, {0.2, 0.5, -1}, {-0.7, 0.1, 0}, {1, 1, 1}};
+  tg::Tensor p = param64({1, 2, 3});
+  optim::AdamW first({p}, {.lr = 0.1});
+  for (int k = 0; k < 2; ++k) {
+    set_grad(p, grads[k]);
+    first.step();
+  }
+  tg::Tensor q = param64(p.to_vector());
+  optim::AdamW second({q}, {.lr = 0.1});
+  second.load_state_dict(first.state_dict());
+  for (int k = 2; k < 4; ++k) {
+    set_grad(p, grads[k]);
+    first.step();
+    set_grad(q, grads[k]);
+    second.step();
+  }
+  CHECK(p.to_vector() == q.to_vector());
+  // the loaded state is a copy: stepping one leaves the other's state alone
+  CHECK_FALSE(entry(first.state_dict(), "state.0.exp_avg").same_storage(entry(second.state_dict(), "state.0.exp_avg")));
+}
+
+TEST_CASE("optim/SGD momentum buffers round-trip through state_dict") {
+  tg::Tensor p = param64({1, 2});
+  optim::SGD sgd({p}, {.lr = 0.1, .momentum = 0.9});
+  set_grad(p, {1, -1});
+  sgd.step();
+  CHECK(keys_of(sgd.state_dict()) == std::vector<std::string>{"state.0.step", "state.0.momentum_buffer"});
+  tg::Tensor q = param64(p.to_vector());
+  optim::SGD other({q}, {.lr = 0.1, .momentum = 0.9});
+  other.load_state_dict(sgd.state_dict());
+  set_grad(p, {0.5, 0.5});
+  sgd.step();
+  set_grad(q, {0.5, 0.5});
+  other.step();
+  CHECK(p.to_vector() == q.to_vector());
+}
+
+TEST_CASE("optim/load_state_dict errors name the key and change nothing") {
+  tg::Tensor p = param64({1, 2});
+  optim::AdamW adamw({p});
+  set_grad(p, {1, 1});
+  adamw.step();
+  const tg::StateDict good = adamw.state_dict();
+  auto with = [&](const std::string& key, const tg::Tensor& t) {
+    tg::StateDict d = good;
+    for (auto& [k, v] : d)
+      if (k == key) v = t;
+    return d;
+  };
+  const tg::StateDict missing(good.begin(), good.end() - 1);
+  CHECK(error_of([&] { adamw.load_state_dict(missing); }) ==
+        "AdamW::load_state_dict: missing key 'state.0.exp_avg_sq' (parameter 0 has a step count)");
+  tg::StateDict extra = good;
+  extra.emplace_back("state.1.step", tg::scalar_tensor(1, {tg::DType::Float64}));
+  CHECK(error_of([&] { adamw.load_state_dict(extra); }) == "AdamW::load_state_dict: unexpected key 'state.1.step'");
+  CHECK(error_of([&] { adamw.load_state_dict(with("state.0.exp_avg", tg::zeros({3}, {tg::DType::Float64}))); }) ==
+        "AdamW::load_state_dict: 'state.0.exp_avg' is float64 [3], but parameter 0 is float64 [2]");
+  CHECK(error_of([&] { adamw.load_state_dict(with("state.0.exp_avg", tg::zeros({2}))); }) ==
+        "AdamW::load_state_dict: 'state.0.exp_avg' is float32 [2], but parameter 0 is float64 [2]");
+  CHECK(error_of([&] { adamw.load_state_dict(with("state.0.step", tg::scalar_tensor(1.5))); }) ==
+        "AdamW::load_state_dict: 'state.0.step' must be a whole number of steps >= 1, got 1.5");
+  CHECK(error_of([&] { adamw.load_state_dict(with("state.0.step", tg::ones({1}))); }) ==
+        "AdamW::load_state_dict: 'state.0.step' must be a 0-d tensor, got shape [1]");
+  const tg::StateDict after = adamw.state_dict();  // nothing changed
+  CHECK(entry(after, "state.0.step").item() == 1);
+  CHECK(entry(after, "state.0.exp_avg").same_storage(entry(good, "state.0.exp_avg")));
+  adamw.load_state_dict({});  // the state of a fresh optimizer
+  CHECK(adamw.state_dict().empty());
+}
+
+TEST_CASE("optim/constructor and lr errors") {
+  tg::Tensor p = param64({1});
+  CHECK(error_of([] { optim::SGD({}, {}); }) == "SGD: got an empty parameter list");
+  CHECK(error_of([&] { optim::SGD({p, p}, {}); }) == "SGD: parameter 1 [1] appears more than once");
+  CHECK(error_of([&] { optim::SGD({tg::mul(p, 2.0)}, {}); }) == "SGD: parameter 0 [1] is not a leaf tensor");
+  CHECK(error_of([&] { optim::SGD({p}, {.lr = -1}); }) == "SGD: lr must be finite and >= 0, got -1");
+  CHECK(error_of([&] { optim::SGD({p}, {.momentum = -0.5}); }) == "SGD: momentum -0.5 and weight_decay 0 must be >= 0");
+  CHECK(error_of([&] { optim::AdamW({p}, {.beta2 = 1.0}); }) == "AdamW: betas must be in [0, 1), got (0.9, 1)");
+  optim::AdamW adamw({p});
+  adamw.set_lr(0.5);
+  CHECK(adamw.lr() == 0.5);
+  CHECK(error_of([&] { adamw.set_lr(NAN); }) == "AdamW: lr must be finite and >= 0, got nan");
+}
+
+TEST_CASE("optim/AdamW matches torch.optim.AdamW (tests/fixtures/adamw_torch.json)") {
+  std::ifstream in(TG_FIXTURES_DIR "/adamw_torch.json");
+  REQUIRE_MESSAGE(in.is_open(), "missing " TG_FIXTURES_DIR "/adamw_torch.json: run "
+                                "python3 tests/fixtures/make_adamw_fixture.py where torch is installed");
+  const nlohmann::json fixture = nlohmann::json::parse(in);
+  REQUIRE(fixture.at("cases").size() >= 2);
+  for (const auto& c : fixture.at("cases")) {
+    const bool f64 = c.at("dtype") == "float64";
+    INFO("dtype " << c.at("dtype"));
+    const tg::TensorOptions opts{f64 ? tg::DType::Float64 : tg::DType::Float32};
+    // float32: torch and tapegrad round differently (torch lerps m, tapegrad takes sqrt as exp(log / 2))
+    const double tolerance = f64 ? 1e-14 : 1e-6;
+    std::vector<tg::Tensor> params;
+    for (size_t i = 0; i < c.at("shapes").size(); ++i)
+      params.push_back(tg::from_vector(c.at("initial")[i], c.at("shapes")[i], opts).requires_grad_());
+    const auto& lrs = c.at("lr");
+    optim::AdamW adamw(params, {.lr = lrs[0], .beta1 = c.at("betas")[0], .beta2 = c.at("betas")[1],
+                                .eps = c.at("eps"), .weight_decay = c.at("weight_decay")});
+    for (size_t k = 0; k < lrs.size(); ++k) {
+      adamw.set_lr(lrs[k]);
+      for (size_t i = 0; i < params.size(); ++i) set_grad(params[i], c.at("grads")[k][i]);
+      adamw.step();
+      for (size_t i = 0; i < params.size(); ++i) check_values(params[i], c.at("after")[k][i], tolerance);
+    }
+    const tg::StateDict state = adamw.state_dict();
+    for (size_t i = 0; i < params.size(); ++i) {
+      const std::string prefix = "state." + std::to_string(i) + ".";
+      check_values(entry(state, prefix + "exp_avg"), c.at("exp_avg")[i], tolerance);
+      check_values(entry(state, prefix + "exp_avg_sq"), c.at("exp_avg_sq")[i], tolerance);
+    }
+  }
+}
+
+TEST_CASE("optim/AdamW on CUDA takes the CPU's steps" * doctest::skip(!tg::cuda::is_available())) {
+  tg::Tensor cpu = param64({0.5, -1.5, 0.0});
+  tg::Tensor gpu = param64({0.5, -1.5, 0.0});
+  gpu = gpu.detach().cuda().requires_grad_();
+  optim::AdamW on_cpu({cpu}), on_gpu({gpu});
+  for (const auto& g : std::vector<std::vector<double>>{{0.2, -0.4, 0.0}, {0.1, 0.0, 1e-3}}) {
+    set_grad(cpu, g);
+    set_grad(gpu, g);
+    on_cpu.step();
+    on_gpu.step();
+  }
+  CHECK(gpu.is_cuda());
+  check_values(gpu, cpu.to_vector(), 1e-15);
+}
+
+TEST_CASE("optim/cosine schedule: linear warm-up, then cosine to min_lr") {
+  const optim::CosineSchedule schedule(1.0, 4, 12, 0.1);
+  CHECK(schedule.lr(0) == 0.25);
+  CHECK(schedule.lr(1) == 0.5);
+  CHECK(schedule.lr(3) == 1.0);
+  CHECK(schedule.lr(4) == 1.0);  // cos(0)
+  CHECK(schedule.lr(6) == doctest::Approx(0.1 + 0.9 * (1 + std::sqrt(0.5)) / 2).epsilon(1e-15));
+  CHECK(schedule.lr(8) == doctest::Approx(0.55).epsilon(1e-15));  // halfway: cos(pi/2) = 0
+  CHECK(schedule.lr(11) == doctest::Approx(0.13425421036992097).epsilon(1e-15));
+  CHECK(schedule.lr(12) == 0.1);
+  CHECK(schedule.lr(1000) == 0.1);
+  CHECK(optim::CosineSchedule(2.0, 0, 10).lr(0) == 2.0);
+  CHECK(error_of([&] { schedule.lr(-1); }) == "CosineSchedule: step must be >= 0, got -1");
+  CHECK(error_of([] { optim::CosineSchedule(1.0, 5, 4); }) ==
+        "CosineSchedule: need 0 <= warmup_steps <= total_steps, got 5 and 4");
+  CHECK(error_of([] { optim::CosineSchedule(1.0, 0, 4, 2.0); }) ==
+        "CosineSchedule: need 0 <= min_lr <= base_lr, got min_lr 2 and base_lr 1");
+}
+
+TEST_CASE("optim/clip_grad_norm_ returns the total norm and scales when it exceeds max_norm") {
+  tg::Tensor a = param64({0, 0}), b = param64({0}), c = param64({0});
+  set_grad(a, {3, 4});
+  set_grad(b, {12});  // total norm sqrt(9 + 16 + 144) = 13; c has no gradient
+  CHECK(tg::nn::utils::clip_grad_norm_({a, b, c}, 100.0) == 13.0);
+  CHECK(a.grad().to_vector() == std::vector<double>{3, 4});
+  CHECK(tg::nn::utils::clip_grad_norm_({a, b, c}, 6.5) == 13.0);
+  const double scale = 6.5 / (13.0 + 1e-6);
+  check_values(a.grad(), {3 * scale, 4 * scale}, 1e-15);
+  check_values(b.grad(), {12 * scale}, 1e-15);
+  CHECK_FALSE(c.grad().defined());
+  CHECK(tg::nn::utils::clip_grad_norm_({a, b}, 6.5) == doctest::Approx(6.5).epsilon(1e-6));
+  CHECK(error_of([&] { tg::nn::utils::clip_grad_norm_({a}, 0.0); }) ==
+        "clip_grad_norm_: max_norm must be finite and > 0, got 0");
+}
