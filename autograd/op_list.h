@@ -6,7 +6,7 @@
 
 #define TG_OP_LIST(X)                                                              \
   X(add) X(sub) X(mul) X(div)                                                      \
-  X(add_scalar) X(mul_scalar) X(neg) X(exp) X(log) X(tanh) X(relu) X(gelu) X(silu) \
+  X(add_scalar) X(mul_scalar) X(neg) X(exp) X(log) X(sqrt) X(tanh) X(relu) X(gelu) X(silu) \
   X(sum)                                                                           \
   X(view) X(permute) X(transpose) X(narrow) X(expand) X(unsqueeze) X(squeeze)      \
   X(contiguous) X(clone) X(cast) X(to_device)                                      \

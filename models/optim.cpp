@@ -13,10 +13,6 @@ namespace tg::optim {
 
 namespace {
 
-// sqrt as exp(log(x) / 2): there is no sqrt op yet, and these two exist on
-// every device. Exact at 0 (exp(-inf) = 0), within a few ulps elsewhere.
-Tensor sqrt_of(const Tensor& x) { return exp(mul(log(x), 0.5)); }
-
 std::string state_key(size_t i, const std::string& name) { return "state." + std::to_string(i) + "." + name; }
 
 // A step count stored as a 0-d tensor: a whole number in [1, 2^53].
@@ -154,7 +150,7 @@ void AdamW::step() {
     m.mul_(o.beta1).add_(g, 1 - o.beta1);
     v.mul_(o.beta2).add_(mul(g, g), 1 - o.beta2);
     const double bias_correction1 = 1 - std::pow(o.beta1, t), bias_correction2 = 1 - std::pow(o.beta2, t);
-    const Tensor denom = add(mul(sqrt_of(v), 1 / std::sqrt(bias_correction2)), o.eps);
+    const Tensor denom = add(mul(sqrt(v), 1 / std::sqrt(bias_correction2)), o.eps);
     p.add_(div(m, denom), -lr_ / bias_correction1);
   }
 }

@@ -103,6 +103,7 @@ Tensor mul(const Tensor& x, double c) { return unary(OpId::mul_scalar, UnaryOp::
 Tensor neg(const Tensor& x) { return unary(OpId::neg, UnaryOp::Neg, x); }
 Tensor exp(const Tensor& x) { return unary(OpId::exp, UnaryOp::Exp, x); }
 Tensor log(const Tensor& x) { return unary(OpId::log, UnaryOp::Log, x); }
+Tensor sqrt(const Tensor& x) { return unary(OpId::sqrt, UnaryOp::Sqrt, x); }
 Tensor tanh(const Tensor& x) { return unary(OpId::tanh, UnaryOp::Tanh, x); }
 Tensor relu(const Tensor& x) { return unary(OpId::relu, UnaryOp::Relu, x); }
 Tensor gelu(const Tensor& x) { return unary(OpId::gelu, UnaryOp::Gelu, x); }

@@ -12,6 +12,7 @@
 //   add(x, c)   x + c                        x <- g                                   nothing
 //   exp(x)      e^x                          x <- g y                                 y
 //   log(x)      ln x                         x <- g / x                               x
+//   sqrt(x)     x^(1/2)                      x <- g / (2 y)                           y
 //   tanh(x)     tanh x                       x <- g (1 - y^2)                         y
 //   relu(x)     max(x, 0)                    x <- g [x > 0]                           x
 //   gelu(x)     x/2 (1 + tanh u), u = k0 (x + k1 x^3)
@@ -31,6 +32,7 @@ Tensor mul(const Tensor& x, double c);
 Tensor neg(const Tensor& x);
 Tensor exp(const Tensor& x);
 Tensor log(const Tensor& x);
+Tensor sqrt(const Tensor& x);
 Tensor tanh(const Tensor& x);
 Tensor relu(const Tensor& x);
 Tensor gelu(const Tensor& x);  // tanh approximation

@@ -10,7 +10,7 @@
 
 namespace tg {
 
-enum class UnaryOp { Neg, MulScalar, AddScalar, Exp, Log, Tanh, Relu, Gelu, Silu };
+enum class UnaryOp { Neg, MulScalar, AddScalar, Exp, Log, Sqrt, Tanh, Relu, Gelu, Silu };
 enum class BinaryOp { Add, Sub, Mul, Div };
 
 namespace math {
@@ -26,6 +26,7 @@ constexpr Reads derivative_reads(UnaryOp op) {
     case UnaryOp::MulScalar:
     case UnaryOp::AddScalar: return Reads::Nothing;
     case UnaryOp::Exp:
+    case UnaryOp::Sqrt:
     case UnaryOp::Tanh: return Reads::Output;
     case UnaryOp::Log:
     case UnaryOp::Relu:
@@ -46,6 +47,7 @@ TG_HD T unary_forward(UnaryOp op, T x, T c) {
     case UnaryOp::AddScalar: return x + c;
     case UnaryOp::Exp: return std::exp(x);
     case UnaryOp::Log: return std::log(x);
+    case UnaryOp::Sqrt: return std::sqrt(x);
     case UnaryOp::Tanh: return std::tanh(x);
     case UnaryOp::Relu: return x > T(0) ? x : T(0);
     case UnaryOp::Gelu: return T(0.5) * x * (T(1) + std::tanh(T(kGeluK0) * (x + T(kGeluK1) * x * x * x)));
@@ -63,6 +65,7 @@ TG_HD T unary_derivative(UnaryOp op, T v, T c) {
     case UnaryOp::AddScalar: return T(1);
     case UnaryOp::Exp: return v;
     case UnaryOp::Log: return T(1) / v;
+    case UnaryOp::Sqrt: return T(0.5) / v;
     case UnaryOp::Tanh: return T(1) - v * v;
     case UnaryOp::Relu: return v > T(0) ? T(1) : T(0);
     case UnaryOp::Gelu: {

@@ -65,7 +65,8 @@ std::vector<OpCase> build_cases() {
           {OpId::mul_scalar, "[B,S,4C]", {{"B,S,4C"}}, [](const V& t, const Dims&) { return tg::mul(t[0], 0.37); }},
       },
       unary_cases(OpId::neg, tg::neg, normal()), unary_cases(OpId::exp, tg::exp, uniform(-2, 2)),
-      unary_cases(OpId::log, tg::log, uniform(0.2, 3)), unary_cases(OpId::tanh, tg::tanh, uniform(-2, 2)),
+      unary_cases(OpId::log, tg::log, uniform(0.2, 3)), unary_cases(OpId::sqrt, tg::sqrt, uniform(0.2, 3)),
+      unary_cases(OpId::tanh, tg::tanh, uniform(-2, 2)),
       unary_cases(OpId::relu, tg::relu, uniform(0.1, 2)), unary_cases(OpId::gelu, tg::gelu, uniform(-3, 3)),
       unary_cases(OpId::silu, tg::silu, uniform(-3, 3)),
       std::vector<OpCase>{

@@ -37,7 +37,7 @@ void check_unary(tg::Tensor (*f)(const tg::Tensor&), const std::vector<double>& 
 
 }  // namespace
 
-TEST_CASE("forward/exp, tanh, gelu, silu, log at fixed points (mpmath references)") {
+TEST_CASE("forward/exp, tanh, gelu, silu, sqrt, log at fixed points (mpmath references)") {
   SUBCASE("exp") {
     const std::vector<double> e = {0.082084998623898795170, 0.36787944117144232160, 0.74081822068171787429, 1.0,
                                    2.0137527074704764322,   3.6692966676192443834,  22.197951281441635376};
@@ -63,6 +63,11 @@ TEST_CASE("forward/exp, tanh, gelu, silu, log at fixed points (mpmath references
                  0.46773144051771623801, 1.0215854779553262410, 2.9663675096826331164},
                 {-0.099401111341526841138, 0.072329488128513268211, 0.35221998968111725743, 0.5,
                  0.82338678347334242444, 1.0046228542523369215, 1.0847647055477578931});
+  }
+  SUBCASE("sqrt") {
+    check_unary(tg::sqrt, {0.05, 0.3, 1.0, 2.5, 7.0},
+                {0.22360679774997897585, 0.54772255750516610332, 1.0, 1.581138830084189666, 2.6457513110645905905},
+                {2.2360679774997896343, 0.91287092917527687265, 0.5, 0.3162277660168379332, 0.18898223650461361361});
   }
   SUBCASE("log") {
     check_unary(tg::log, {0.05, 0.3, 1.0, 2.5, 7.0},
