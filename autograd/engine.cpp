@@ -12,6 +12,7 @@ namespace tg::autograd {
 namespace {
 
 thread_local bool grad_enabled = true;
+thread_local BackwardObserver observer;
 std::atomic<int64_t> node_count{0};
 
 // A gradient nothing else references (its tensor and its storage held only
@@ -93,6 +94,7 @@ class GraphTask {
     std::vector<Tensor> grads = n.backward(grad, n.saved, n.needs);
     TG_CHECK(grads.size() == n.edges.size(), "backward: op '", n.name, "' returned ", grads.size(),
              " gradients for ", n.edges.size(), " inputs");
+    if (observer) observer(n, grad, grads);
     if (!retain_graph_) {
       n.saved.release();
       n.backward = nullptr;
@@ -225,5 +227,8 @@ void backward(const Tensor& root, const Tensor& seed_in, bool retain_graph) {
 }
 
 const std::string& node_name(const Node& node) { return node.name; }
+
+ObserveBackward::ObserveBackward(BackwardObserver o) : previous_(std::move(observer)) { observer = std::move(o); }
+ObserveBackward::~ObserveBackward() { observer = std::move(previous_); }
 
 }  // namespace tg::autograd

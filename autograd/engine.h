@@ -41,6 +41,24 @@ Tensor record(std::string name, Tensor out, const std::vector<Tensor>& inputs, s
 
 void backward(const Tensor& root, const Tensor& seed, bool retain_graph);
 
+// Called for every node a backward() on this thread runs, in the order it
+// runs them, with the gradient of the node's output and the gradients it
+// returned (for teaching and debugging: examples/derivations --layer).
+using BackwardObserver =
+    std::function<void(const Node& node, const Tensor& grad_out, const std::vector<Tensor>& grad_inputs)>;
+
+// Installs an observer for its lifetime (nested guards restore the outer one).
+class ObserveBackward {
+ public:
+  explicit ObserveBackward(BackwardObserver observer);
+  ~ObserveBackward();
+  ObserveBackward(const ObserveBackward&) = delete;
+  ObserveBackward& operator=(const ObserveBackward&) = delete;
+
+ private:
+  BackwardObserver previous_;
+};
+
 const std::string& node_name(const Node& node);
 
 }  // namespace tg::autograd

@@ -57,6 +57,7 @@ GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inpu
       const bool finite = std::isfinite(analytic[k]) && std::isfinite(numeric);
       const double err = finite ? std::abs(analytic[k] - numeric) / (atol + rtol * std::abs(numeric)) : INFINITY;
       ++result.elements_checked;
+      result.entries.push_back({i, k, analytic[k], numeric});
       if (err > result.max_error || (!finite && result.max_error != INFINITY)) {
         result.max_error = err;
         worst.str("");

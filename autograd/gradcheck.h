@@ -12,8 +12,16 @@
 
 namespace tg {
 
+// One checked element: input `input`, flat index `index`.
+struct GradcheckEntry {
+  size_t input;
+  int64_t index;
+  double analytic, numeric;
+};
+
 struct GradcheckResult {
   bool ok = true;
+  std::vector<GradcheckEntry> entries;  // every element checked, in order
   std::string report;  // on failure: the worst element (input, index, analytic, numeric)
   double max_error = 0;  // max over elements of |analytic - numeric| / (atol + rtol |numeric|)
   int64_t elements_checked = 0;

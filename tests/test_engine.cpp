@@ -199,3 +199,22 @@ TEST_CASE("concurrency/threads running backward over one retained graph") {
   t2.join();
   CHECK(x.grad().at({1}) == doctest::Approx(100 * 2 * std::exp(2.0)).epsilon(1e-12));
 }
+
+TEST_CASE("engine/an observer sees every node the walk runs, each after all its consumers") {
+  tg::Tensor x = leaf({1, 2});
+  const tg::Tensor y = tg::exp(x);
+  const tg::Tensor loss = tg::sum(tg::add(tg::mul(y, 2.0), y));
+  std::vector<std::string> order;
+  std::vector<double> grad_of_exp;
+  {
+    const tg::autograd::ObserveBackward observe([&](const tg::autograd::Node& n, const tg::Tensor& g, const auto&) {
+      order.push_back(n.name);
+      if (n.name == "exp") grad_of_exp = g.to_vector();
+    });
+    loss.backward();
+  }
+  CHECK(order == std::vector<std::string>{"sum", "add", "mul_scalar", "exp"});
+  CHECK(grad_of_exp == std::vector<double>{3, 3});  // both paths summed before exp runs
+  tg::sum(tg::mul(x, 1.0)).backward();              // the guard is gone: nothing observed
+  CHECK(order.size() == 4);
+}
