@@ -107,6 +107,8 @@ class GraphTask {
   void send(const Edge& edge, const Tensor& g, const Node& from, size_t k) {
     TG_CHECK(g.shape() == edge.shape, "backward: op '", from.name, "' returned a gradient of shape ", g.shape(),
              " for its input ", k, " of shape ", edge.shape);
+    TG_CHECK(g.dtype() == edge.dtype && g.device() == edge.device, "backward: op '", from.name, "' returned a ",
+             g.dtype(), " ", g.device(), " gradient for its input ", k, ", which is ", edge.dtype, " on ", edge.device);
     if (edge.node) {
       Tensor& sum = pending_[edge.node.get()];
       sum = sum.defined() ? add(sum, g) : g;
@@ -131,22 +133,34 @@ void GradMode::set_enabled(bool on) { grad_enabled = on; }
 
 Node::Node() { ++node_count; }
 
+// What a dying node holds: its edges, closure and saved tensors can hold other
+// nodes (directly, or through tensors a closure captured).
+struct NodeRemains {
+  std::vector<Edge> edges;
+  BackwardFn backward;
+  SavedTensors saved;
+};
+
 Node::~Node() {
-  // Destroying a node releases its producers, whose destructors would release
+  // Destroying a node releases what it holds, whose destructors would release
   // theirs: a chain of a million nodes would recurse a million deep. Instead,
-  // take over the producers only this node holds and let them die here, one by
-  // one, each with its own producers already moved out.
-  std::vector<std::shared_ptr<Node>> orphans;
-  for (Edge& e : edges)
-    if (e.node) orphans.push_back(std::move(e.node));
-  while (!orphans.empty()) {
-    std::shared_ptr<Node> n = std::move(orphans.back());
-    orphans.pop_back();
-    if (n.use_count() == 1)
-      for (Edge& e : n->edges)
-        if (e.node) orphans.push_back(std::move(e.node));
-  }
+  // the outermost destruction on this thread drains a queue, and every node
+  // that dies meanwhile only appends its remains to it.
+  thread_local std::vector<NodeRemains>* queue = nullptr;
   --node_count;
+  NodeRemains remains{std::move(edges), std::move(backward), std::move(saved)};
+  if (queue) {
+    queue->push_back(std::move(remains));
+    return;
+  }
+  std::vector<NodeRemains> pending;
+  pending.push_back(std::move(remains));
+  queue = &pending;
+  while (!pending.empty()) {
+    NodeRemains next = std::move(pending.back());
+    pending.pop_back();
+  }  // `next` dies at the end of each pass; the nodes it held append theirs
+  queue = nullptr;
 }
 
 int64_t live_nodes() { return node_count.load(); }
@@ -186,6 +200,8 @@ Tensor record(std::string name, Tensor out, const std::vector<Tensor>& inputs, s
     Edge e;
     if (needs[i]) {
       e.shape = inputs[i].shape();
+      e.dtype = inputs[i].dtype();
+      e.device = inputs[i].device();
       if (inputs[i].grad_fn()) e.node = inputs[i].grad_fn();
       else e.leaf = inputs[i].impl();
     }

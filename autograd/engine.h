@@ -6,9 +6,10 @@
 // root, counts for each how many reachable consumers feed it, and runs them in
 // that dependency order (each node after every consumer of its output, as
 // PyTorch and micrograd do), accumulating with += the gradient each input
-// receives. All of that state is local to the call: nothing is left behind on
-// success or on an exception, leaves' .grad() are updated only when the whole
-// walk succeeded, and other threads' graphs are not touched.
+// receives. All of that state is local to the call, so other threads' graphs
+// and later calls are never touched; leaves' .grad() are updated only after
+// the whole walk succeeded (a backward that throws changes no .grad()). The
+// nodes it ran before the throw are freed as usual unless retain_graph.
 #pragma once
 #include <vector>
 

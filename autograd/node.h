@@ -21,7 +21,9 @@ struct Node;
 struct Edge {
   std::shared_ptr<Node> node;
   std::shared_ptr<TensorImpl> leaf;
-  Shape shape;  // the input's shape; the gradient must have it
+  Shape shape;  // the input's shape, dtype and device: the gradient must have them
+  DType dtype = DType::Float32;
+  Device device = Device::CPU;
   bool needs_grad() const { return node || leaf; }
 };
 

@@ -2,7 +2,8 @@
 
 #include <unistd.h>
 
-#include <cstdlib>
+#include <algorithm>
+#include <new>
 
 #include "core/dispatch.h"
 #include "core/error.h"
@@ -35,8 +36,8 @@ bool built_with_cuda() {
 Storage::Storage(std::size_t nbytes, Device device) : nbytes_(nbytes), device_(device) {
   if (device == Device::CPU) {
     TG_CHECK(nbytes <= host_memory_bytes(), "more than the ", host_memory_bytes(), " bytes of host memory");
-    const std::size_t rounded = (nbytes + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
-    data_ = std::aligned_alloc(kCpuAlignment, rounded == 0 ? kCpuAlignment : rounded);
+    // Exactly nbytes (not rounded up): AddressSanitizer then sees a write one past the end.
+    data_ = ::operator new(std::max<std::size_t>(nbytes, 1), std::align_val_t{kCpuAlignment}, std::nothrow);
     TG_CHECK(data_, "out of host memory");
     return;
   }
@@ -53,7 +54,7 @@ Storage::Storage(void* borrowed, std::size_t nbytes, Device device)
 Storage::~Storage() {
   if (!owned_) return;
   if (device_ == Device::CPU) {
-    std::free(data_);
+    ::operator delete(data_, std::align_val_t{kCpuAlignment});
     return;
   }
 #ifdef TG_CUDA

@@ -2,6 +2,7 @@
 // version counter is bumped by in-place writes so autograd can detect that a
 // tensor saved for backward was modified.
 #pragma once
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -22,14 +23,14 @@ class Storage {
   void* data() const { return data_; }
   std::size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
-  uint64_t version() const { return version_; }
-  void bump_version() { ++version_; }
+  uint64_t version() const { return version_.load(std::memory_order_relaxed); }
+  void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
 
  private:
   void* data_ = nullptr;
   std::size_t nbytes_ = 0;
   Device device_;
-  uint64_t version_ = 0;
+  std::atomic<uint64_t> version_{0};
   bool owned_ = true;
 };
 

@@ -6,6 +6,7 @@
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "core/error.h"
+#include "core/dispatch.h"
 #include "core/random.h"
 #include "ops/copy.h"
 #include "ops/untracked.h"
@@ -117,9 +118,12 @@ Tensor& Tensor::requires_grad_(bool on) {
   return *this;
 }
 
-Tensor Tensor::grad() const { return Tensor(checked_impl().grad); }
+Tensor Tensor::grad() const {
+  std::lock_guard<std::mutex> lock(checked_impl().grad_mutex);  // backward() may be accumulating on another thread
+  return Tensor(impl_->grad);
+}
 void Tensor::zero_grad() {
-  checked_impl();
+  std::lock_guard<std::mutex> lock(checked_impl().grad_mutex);
   impl_->grad.reset();
 }
 bool Tensor::is_leaf() const { return checked_impl().grad_fn == nullptr; }
@@ -142,9 +146,9 @@ void check_inplace(const char* op, const Tensor& t, const Tensor& src = Tensor()
   TG_CHECK(!(t.requires_grad() && t.is_leaf() && autograd::GradMode::enabled()), op,
            ": in-place write to a leaf tensor of shape ", t.shape(),
            " that requires grad; wrap it in tg::NoGradGuard");
-  TG_CHECK(!t.grad_fn(), op, ": in-place write to a tensor of shape ", t.shape(),
+  TG_CHECK(!(t.grad_fn() && autograd::GradMode::enabled()), op, ": in-place write to a tensor of shape ", t.shape(),
            " produced by op '", autograd::node_name(*t.grad_fn()),
-           "' is not supported; its gradient would be wrong");
+           "' is not recorded, so its gradient would be wrong; wrap it in tg::NoGradGuard if that is meant");
   TG_CHECK(!has_internal_overlap(t.shape(), t.strides()), op, ": cannot write into a tensor of shape ", t.shape(),
            " with strides ", t.strides(), ": several of its elements share one memory location (an expanded view); "
            "clone() it first");
@@ -155,7 +159,10 @@ void check_inplace(const char* op, const Tensor& t, const Tensor& src = Tensor()
 }  // namespace
 
 Tensor& Tensor::add_(const Tensor& other, double alpha) {
+  check_defined("add_", "other", other);
   check_inplace("add_", *this, other);
+  TG_CHECK(broadcast_shapes("add_", shape(), other.shape()) == shape(), "add_: other ", other.shape(),
+           " does not broadcast to this tensor's shape ", shape());
   autograd::NoGradGuard guard;
   return copy_(add(*this, alpha == 1.0 ? other : mul(other, alpha)));
 }
@@ -185,6 +192,7 @@ Tensor& Tensor::copy_(const Tensor& src) {
 namespace {
 std::shared_ptr<Storage> allocate_storage(const char* op, const Shape& shape, DType dtype, Device device) {
   const int64_t nbytes = checked_nbytes(op, shape, element_size(dtype));
+  if (device == Device::CUDA && !built_with_cuda()) no_cuda_backend();
   try {
     return std::make_shared<Storage>(static_cast<std::size_t>(nbytes), device);
   } catch (const Error& e) {
@@ -236,9 +244,10 @@ Tensor from_vector(const std::vector<double>& values, const Shape& shape, Tensor
 
 Tensor arange(int64_t n, TensorOptions opts) {
   TG_CHECK(n >= 0, "arange: the number of elements must be >= 0, got ", n);
-  std::vector<double> v(n);
+  Tensor host = empty_named("arange", {n}, {DType::Float64, Device::CPU});
+  double* v = host.data<double>();
   for (int64_t i = 0; i < n; ++i) v[i] = static_cast<double>(i);
-  return from_vector(v, {n}, opts);
+  return host.to(opts.dtype).to(opts.device).requires_grad_(opts.requires_grad);
 }
 
 namespace {

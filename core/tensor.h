@@ -31,7 +31,7 @@ struct TensorImpl {
   bool requires_grad = false;
   std::shared_ptr<TensorImpl> grad;            // filled by backward() for leaves
   std::shared_ptr<autograd::Node> grad_fn;     // the op that produced this tensor
-  std::mutex grad_mutex;                       // backward() on several threads into one leaf
+  mutable std::mutex grad_mutex;               // backward() on several threads into one leaf
 };
 
 struct TensorOptions {

@@ -11,7 +11,7 @@ int main() {
 
   tg::Tensor h = tg::tanh(tg::linear(x, w, b));  // [4, 2], recorded on the tape
   tg::Tensor loss = tg::mean(h * h);              // a 0-d tensor
-  loss.backward();                                // walks the tape in reverse
+  loss.backward();                                // walks the recorded graph back from loss
 
   std::cout << "loss = " << loss.item() << "\n";
   std::cout << "dL/dW = " << w.grad() << "\n";

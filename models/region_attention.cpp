@@ -36,9 +36,20 @@ std::vector<Tensor> RegionAttentionParams::parameters() const {
   return {qkv_weight, qkv_bias, out_weight, out_bias, edit_region_bias, within_edit_bias, cross_edit_bias};
 }
 
+namespace {
+void check_params(const RegionAttentionParams& p) {
+  for (const auto& [t, name] : {std::pair{&p.qkv_weight, "qkv_weight"}, {&p.qkv_bias, "qkv_bias"},
+                                {&p.out_weight, "out_weight"}, {&p.out_bias, "out_bias"},
+                                {&p.edit_region_bias, "edit_region_bias"}, {&p.within_edit_bias, "within_edit_bias"},
+                                {&p.cross_edit_bias, "cross_edit_bias"}})
+    check_defined("region_attention", name, *t);
+}
+}  // namespace
+
 Tensor region_attention_decomposed(const Tensor& x, const Tensor& edit_mask, const Tensor& attn_mask,
                                    const RegionAttentionParams& p, const DropoutOptions& drop) {
   check_defined("region_attention", "x", x);
+  check_params(p);
   TG_CHECK(x.dim() == 3, "region_attention: x must be [B,S,C], got ", x.shape());
   const int64_t B = x.shape()[0], S = x.shape()[1], C = x.shape()[2], H = p.heads;
   TG_CHECK(H > 0 && C % H == 0, "region_attention: hidden ", C, " is not divisible by heads ", H);
@@ -65,8 +76,10 @@ Tensor region_attention_decomposed(const Tensor& x, const Tensor& edit_mask, con
   return linear(o, p.out_weight, p.out_bias);
 }
 
+
 Tensor region_attention(const Tensor& x, const Tensor& edit_mask, const Tensor& attn_mask,
                         const RegionAttentionParams& params, const DropoutOptions& dropout, AttentionImpl impl) {
+  check_params(params);
   if (impl == AttentionImpl::Decomposed) return region_attention_decomposed(x, edit_mask, attn_mask, params, dropout);
   check_defined("region_attention", "x", x);
   TG_CHECK(x.dim() == 3, "region_attention: x must be [B,S,C], got ", x.shape());

@@ -1,7 +1,11 @@
 // The one rule for 0/1 masks (edit-region masks, attention masks, explicit
 // dropout keep masks): every value is exactly 0 or 1. A mask that breaks it
 // is a tg::Error naming the op, the argument, the first offending element and
-// its value. The check reads the mask once (a device sync on CUDA).
+// its value. The check reads the mask once (a device sync on CUDA), so it
+// runs where masks enter the layers and ops (edit_bias, dropout, the
+// attention layer, fused_attention); the benchmark interface
+// (fused::region_attention_backward and the C API) promises no host
+// synchronisation and takes its masks as given.
 #pragma once
 #include "core/tensor.h"
 

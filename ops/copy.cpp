@@ -11,12 +11,21 @@ TG_INSTANTIATE_KERNELS(CopyKernels, Device::CPU);
 
 namespace {
 
-// dst and src share storage and their element ranges intersect.
+// The bytes a view can touch, [begin, end).
+std::pair<const char*, const char*> byte_range(const Tensor& t) {
+  const ElementSpan s = element_span(t.shape(), t.strides(), 0);
+  const char* base = static_cast<const char*>(t.raw_data());
+  const int64_t elem = static_cast<int64_t>(element_size(t.dtype()));
+  return {base + s.begin * elem, base + s.end * elem};
+}
+
+// dst and src lie on one device and their bytes intersect (one Storage, or
+// two tensors over the same external buffer).
 bool overlap(const Tensor& dst, const Tensor& src) {
-  if (!dst.same_storage(src)) return false;
-  const ElementSpan a = element_span(dst.shape(), dst.strides(), dst.offset());
-  const ElementSpan b = element_span(src.shape(), src.strides(), src.offset());
-  return a.begin < a.end && b.begin < b.end && a.begin < b.end && b.begin < a.end;
+  if (dst.device() != src.device() || dst.numel() == 0 || src.numel() == 0) return false;
+  const auto [a0, a1] = byte_range(dst);
+  const auto [b0, b1] = byte_range(src);
+  return a0 < b1 && b0 < a1;
 }
 
 // A contiguous copy of x on its device.

@@ -56,9 +56,12 @@ void CopyKernels<Dev>::copy_strided(const Tensor& dst, const Tensor& src) {
 template <Device Dev>
 void CopyKernels<Dev>::fill(const Tensor& dst, double value) {
   const Loop<Dev> loop{"fill_"};
+  Shape shape = dst.shape();
+  std::vector<Shape> strides = {dst.strides()};
+  collapse_dims(shape, strides);  // a contiguous tensor of any rank is one dim
   TG_DISPATCH_FLOAT(dst.dtype(), T, [&] {
-    loop(dst.numel(), FillStrided<T>{dst.data<T>(), make_indexer(loop.op, dst.shape(), dst.strides()),
-                                     dst.is_contiguous(), static_cast<T>(value)});
+    loop(dst.numel(), FillStrided<T>{dst.data<T>(), make_indexer(loop.op, shape, strides[0]), dst.is_contiguous(),
+                                     static_cast<T>(value)});
   });
 }
 

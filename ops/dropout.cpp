@@ -22,14 +22,13 @@ Tensor dropout_untracked(const Tensor& x, const Tensor& mask, PhiloxState rng, d
 Tensor dropout(const Tensor& x, const DropoutOptions& o) {
   check_defined("dropout", "x", x);
   TG_CHECK(o.p >= 0.0 && o.p < 1.0, "dropout: p must be in [0, 1), got ", o.p);
-  if (o.p == 0.0) return x;
-  Tensor mask;
   if (o.mask.defined()) {
     TG_CHECK(o.mask.shape() == x.shape(), "dropout: mask ", o.mask.shape(), " must have x's shape ", x.shape());
     TG_CHECK(o.mask.device() == x.device(), "dropout: mask is on ", o.mask.device(), ", x on ", x.device());
     check_binary_mask("dropout", "mask", o.mask);
-    mask = materialize(o.mask.to(x.dtype()));
   }
+  if (o.p == 0.0) return x;
+  const Tensor mask = o.mask.defined() ? materialize(o.mask.to(x.dtype())) : Tensor();
   const PhiloxState rng = o.rng ? *o.rng : default_generator().next();
   const double p = o.p;
   Tensor y = dropout_untracked(x, mask, rng, p);

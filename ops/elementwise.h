@@ -14,7 +14,7 @@
 //   log(x)      ln x                         x <- g / x                               x
 //   sqrt(x)     x^(1/2)                      x <- g / (2 y)                           y
 //   tanh(x)     tanh x                       x <- g (1 - y^2)                         y
-//   relu(x)     max(x, 0)                    x <- g [x > 0]                           x
+//   relu(x)     max(x, 0) (NaN stays NaN)    x <- g [x > 0]                           x
 //   gelu(x)     x/2 (1 + tanh u), u = k0 (x + k1 x^3)
 //                                            x <- g (1/2 (1 + tanh u) + x/2 (1 - tanh^2 u) k0 (1 + 3 k1 x^2))   x
 //   silu(x)     x s, s = sigmoid(x)          x <- g s (1 + x (1 - s))                 x

@@ -49,7 +49,7 @@ TG_HD T unary_forward(UnaryOp op, T x, T c) {
     case UnaryOp::Log: return std::log(x);
     case UnaryOp::Sqrt: return std::sqrt(x);
     case UnaryOp::Tanh: return std::tanh(x);
-    case UnaryOp::Relu: return x > T(0) ? x : T(0);
+    case UnaryOp::Relu: return x < T(0) ? T(0) : x;  // NaN stays NaN, as in PyTorch
     case UnaryOp::Gelu: return T(0.5) * x * (T(1) + std::tanh(T(kGeluK0) * (x + T(kGeluK1) * x * x * x)));
     case UnaryOp::Silu: return x * sigmoid(x);
   }

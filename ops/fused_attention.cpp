@@ -388,6 +388,17 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
   gemm_into("region_attention_backward", dqkv_rows, in.qkv_weight, rows_view(out.hidden_states, L.C), 0.0, precision);
 }
 
+std::vector<Tensor> inputs_of(const BackwardInputs& in) {
+  return {in.grad_output, in.hidden_states, in.edit_region_mask, in.qkv_weight, in.qkv_bias, in.out_weight,
+          in.out_bias, in.edit_region_bias, in.within_edit_bias, in.cross_edit_bias, in.attention_mask, in.query,
+          in.key, in.value, in.attention_scores, in.attention_probs, in.attention_probs_dropped, in.attention_output,
+          in.dropout_mask};
+}
+std::vector<Tensor> outputs_of(const Gradients& g) {
+  return {g.hidden_states, g.qkv_weight, g.qkv_bias, g.out_weight, g.out_bias, g.edit_region_bias, g.within_edit_bias,
+          g.cross_edit_bias};
+}
+
 Gradients region_attention_backward(const BackwardInputs& in, double scale, double dropout_p, MatmulPrecision precision) {
   check_defined("region_attention_backward", "hidden_states", in.hidden_states);
   check_defined("region_attention_backward", "edit_region_bias", in.edit_region_bias);

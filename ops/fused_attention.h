@@ -22,6 +22,8 @@
 // runs as plain loops, in float32 or float64, any head dim: for checking and
 // teaching, not for speed.
 #pragma once
+#include <vector>
+
 #include "core/cuda.h"
 #include "core/tensor.h"
 #include "ops/dropout.h"
@@ -50,6 +52,10 @@ struct Gradients {
   Tensor hidden_states, qkv_weight, qkv_bias, out_weight, out_bias, edit_region_bias, within_edit_bias,
       cross_edit_bias;
 };
+
+// The 19 inputs and the 8 outputs in the spec's order.
+std::vector<Tensor> inputs_of(const BackwardInputs& in);
+std::vector<Tensor> outputs_of(const Gradients& g);
 
 // Reads grad_output, hidden_states, the weights, query/key/value,
 // attention_probs, attention_probs_dropped, attention_output and the masks (P is

@@ -3,7 +3,7 @@
 //   mu = mean(x), rstd = 1/sqrt(var(x) + eps), xh = (x - mu) rstd, y = xh w + b
 //   x <- rstd (gw - mean(gw) - xh mean(gw xh))   where gw = g w
 //   w <- sum over rows of g xh                     b <- sum over rows of g
-//   saves x, w, and the per-row mu and rstd
+//   saves x, mu and rstd when dx or dw is wanted, w when dx is
 #pragma once
 #include "core/tensor.h"
 

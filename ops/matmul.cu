@@ -77,6 +77,11 @@ void GemmKernels<Device::CUDA>::gemm(const GemmProblem& p) {
   const CublasOperand a = as_transposed_operand(p.a), b = as_transposed_operand(p.b);
   const cudaDataType_t type = p.dtype == DType::Float64 ? CUDA_R_64F : CUDA_R_32F;
   const HostScalar alpha(1.0, p.dtype), beta(p.beta, p.dtype);
+  int64_t count = 1;
+  for (const GemmBatchDim& d : p.batch) count *= d.size;
+  for (const int64_t v : {p.m, p.n, p.k, a.ld, b.ld, p.c.row_stride, count})
+    TG_CHECK(v <= INT32_MAX, "matmul: a size or leading dimension of ", v, " exceeds cuBLAS's int (", p.n, " x ", p.k,
+             " @ ", p.k, " x ", p.m, ", batch ", count, ")");
   const int m = static_cast<int>(p.m), n = static_cast<int>(p.n), k = static_cast<int>(p.k);
   const int ldc = static_cast<int>(p.c.row_stride);
   if (p.batch.size() <= 1) {
@@ -87,8 +92,6 @@ void GemmKernels<Device::CUDA>::gemm(const GemmProblem& p) {
                                              static_cast<int>(d.size), compute_type(p), CUBLAS_GEMM_DEFAULT),
                   "matmul");
   } else {
-    int64_t count = 1;
-    for (const GemmBatchDim& d : p.batch) count *= d.size;
     const DeviceScratch scratch(3 * count * sizeof(void*));
     const int64_t elem = static_cast<int64_t>(element_size(p.dtype));
     for_each("matmul (batch pointers)", count,

@@ -101,8 +101,10 @@ Tensor sum(const Tensor& x) {
 
 Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   check_defined("mean", "x", x);
+  const std::vector<bool> reduced = reduced_mask("mean", x, dims);
   int64_t n = 1;
-  for (int64_t d : dims) n *= x.shape()[normalize_dim("mean", d, x.dim())];
+  for (int64_t d = 0; d < x.dim(); ++d)
+    if (reduced[d]) n *= x.shape()[d];
   TG_CHECK(n > 0, "mean: reducing dims of size 0 in shape ", x.shape());
   return mul(sum(x, dims, keepdim), 1.0 / static_cast<double>(n));
 }

@@ -10,6 +10,7 @@
 
 namespace tg {
 
+// dims = {} reduces nothing (the result is x's values); sum(x) reduces every dim.
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim = false);
 Tensor sum(const Tensor& x);  // every element, a 0-d tensor
 Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim = false);

@@ -8,17 +8,6 @@ namespace tgtest {
 using tg::fused::BackwardInputs;
 using tg::fused::Gradients;
 
-std::vector<tg::Tensor> inputs_of(const BackwardInputs& in) {
-  return {in.grad_output, in.hidden_states, in.edit_region_mask, in.qkv_weight, in.qkv_bias, in.out_weight,
-          in.out_bias, in.edit_region_bias, in.within_edit_bias, in.cross_edit_bias, in.attention_mask, in.query,
-          in.key, in.value, in.attention_scores, in.attention_probs, in.attention_probs_dropped, in.attention_output,
-          in.dropout_mask};
-}
-std::vector<tg::Tensor> outputs_of(const Gradients& g) {
-  return {g.hidden_states, g.qkv_weight, g.qkv_bias, g.out_weight, g.out_bias, g.edit_region_bias, g.within_edit_bias,
-          g.cross_edit_bias};
-}
-
 BackwardInputs make_backward_inputs(const Spec& s, tg::Tensor edit, tg::Tensor attn) {
   tg::NoGradGuard no_grad;
   const tg::TensorOptions cuda{tg::DType::Float32, tg::Device::CUDA};

@@ -14,8 +14,8 @@ struct Spec {
   double p = 0.1;
 };
 
-std::vector<tg::Tensor> inputs_of(const tg::fused::BackwardInputs& in);
-std::vector<tg::Tensor> outputs_of(const tg::fused::Gradients& g);
+using tg::fused::inputs_of;
+using tg::fused::outputs_of;
 
 // float32 on CUDA; edit / attn, when given, replace the drawn edit mask and the all-ones attention mask.
 tg::fused::BackwardInputs make_backward_inputs(const Spec& s, tg::Tensor edit = {}, tg::Tensor attn = {});

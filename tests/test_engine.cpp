@@ -1,6 +1,7 @@
 // engine/ and concurrency/: the backward walk from the root (graph discovery,
 // dependency order, per-call state), needs-grad masks, long chains, threads.
 // CI also runs this file's cases under ThreadSanitizer (.ci/run).
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <set>
@@ -217,4 +218,104 @@ TEST_CASE("engine/an observer sees every node the walk runs, each after all its 
   CHECK(grad_of_exp == std::vector<double>{3, 3});  // both paths summed before exp runs
   tg::sum(tg::mul(x, 1.0)).backward();              // the guard is gone: nothing observed
   CHECK(order.size() == 4);
+}
+
+TEST_CASE("engine/saved tensors are freed by the backward that used them") {
+  tg::Tensor x = leaf({1, 2});
+  tg::Tensor y = tg::exp(x);  // exp saves its output
+  const auto y_storage = std::weak_ptr<tg::Storage>(y.impl()->storage);
+  const tg::Tensor loss = tg::sum(y);
+  y = tg::Tensor();
+  CHECK_FALSE(y_storage.expired());  // held for the backward
+  loss.backward();
+  CHECK(y_storage.expired());
+}
+
+TEST_CASE("engine/a leaf's gradient never aliases the seed through a view") {
+  tg::Tensor x = tg::from_vector({1, 2}, {1, 2}, {tg::DType::Float64}).requires_grad_();
+  tg::Tensor seed = tg::from_vector({3, 4}, {2}, {tg::DType::Float64});
+  x.view({2}).backward(seed);
+  CHECK_FALSE(x.grad().same_storage(seed));
+  seed.fill_(0.0);
+  CHECK(x.grad().to_vector() == std::vector<double>{3, 4});
+}
+
+TEST_CASE("engine/gradients must match their input's shape, dtype and device; a bad one changes no .grad()") {
+  tg::Tensor a = leaf({1, 2});
+  tg::sum(tg::mul(a, 1.0)).backward();  // a.grad = [1, 1]
+  auto custom = [&](auto grad_of) {
+    return tg::autograd::record("custom", tg::add(a.detach(), 0.0), {a}, {},
+                                [grad_of](const tg::Tensor& g, const auto&, const auto&) { return std::vector<tg::Tensor>{grad_of(g)}; });
+  };
+  CHECK(contains(error_of([&] { tg::sum(custom([](const tg::Tensor& g) { return g.reshape({1, 2}); })).backward(); }),
+                 "backward: op 'custom' returned a gradient of shape [1,2] for its input 0 of shape [2]"));
+  CHECK(contains(error_of([&] { tg::sum(custom([](const tg::Tensor& g) { return g.to(tg::DType::Float32); })).backward(); }),
+                 "returned a float32 cpu gradient for its input 0, which is float64 on cpu"));
+  CHECK(a.grad().to_vector() == std::vector<double>{1, 1});
+  CHECK(contains(error_of([&] { tg::sum(tg::mul(a, 2.0)).backward(tg::scalar_tensor(1.0)); }),
+                 "backward: tensors have different dtypes"));
+}
+
+TEST_CASE("engine/a subgraph shared by two losses survives dropping one of them") {
+  tg::Tensor x = leaf({0.5});
+  const tg::Tensor y = tg::exp(tg::exp(x));
+  tg::Tensor l1 = tg::sum(y);
+  const tg::Tensor l2 = tg::sum(tg::mul(y, 2.0));
+  l1 = tg::Tensor();
+  l2.backward();
+  REQUIRE(x.grad().defined());
+  CHECK(x.grad().item() == doctest::Approx(2 * std::exp(std::exp(0.5)) * std::exp(0.5)).epsilon(1e-14));
+}
+
+TEST_CASE("engine/a long chain held through closures is released without deep recursion") {
+  const int64_t before = tg::autograd::live_nodes();
+  tg::Tensor y = leaf({0});
+  for (int i = 0; i < 200000; ++i) {
+    const tg::Tensor prev = y;  // captured by the closure, not by an edge
+    y = tg::autograd::record("captures", tg::add(prev.detach(), 1.0), {prev}, {},
+                             [prev](const tg::Tensor& g, const auto&, const auto&) { return std::vector<tg::Tensor>{g}; });
+  }
+  y = tg::Tensor();
+  CHECK(tg::autograd::live_nodes() == before);
+}
+
+TEST_CASE("engine/gradcheck notices a gradient that is 1e-4 off") {
+  const auto scaled = [](double factor) {
+    return [factor](const std::vector<tg::Tensor>& t) {
+      return tg::autograd::record("scaled", tg::mul(t[0].detach(), 3.0), {t[0]}, {},
+                                  [factor](const tg::Tensor& g, const auto&, const auto&) {
+                                    return std::vector<tg::Tensor>{tg::mul(g, 3.0 * factor)};
+                                  });
+    };
+  };
+  const std::vector<tg::Tensor> x{randn64({4})};
+  CHECK(tg::gradcheck(scaled(1.0), x).ok);
+  CHECK_FALSE(tg::gradcheck(scaled(1.0 + 1e-4), x).ok);
+}
+
+TEST_CASE("engine/requires_grad_(false) is only for leaves; in-place writes into an op's output need no_grad") {
+  tg::Tensor x = leaf({1, 2});
+  tg::Tensor y = tg::mul(x, 2.0);
+  CHECK(contains(error_of([&] { y.requires_grad_(false); }), "only leaf tensors can stop requiring grad"));
+  CHECK(contains(error_of([&] { y.fill_(0.0); }), "fill_: in-place write to a tensor of shape [2] produced by op 'mul_scalar'"));
+  tg::NoGradGuard no_grad;
+  tg::Tensor(x.view({2})).mul_(2.0);  // as an optimizer updates a parameter through a view
+  CHECK(x.to_vector() == std::vector<double>{2, 4});
+}
+
+TEST_CASE("concurrency/reading a leaf's gradient while another thread accumulates into it") {
+  tg::Tensor w = leaf({1, 1});
+  std::atomic<bool> done{false};
+  std::thread writer([&] {
+    for (int i = 0; i < 200; ++i) tg::sum(tg::mul(w, 2.0)).backward();
+    done = true;
+  });
+  double last = 0;
+  while (!done) {
+    const tg::Tensor g = w.grad();
+    if (g.defined()) last = g.to_vector()[0];
+  }
+  writer.join();
+  CHECK(last <= 400);
+  CHECK(w.grad().to_vector() == std::vector<double>{400, 400});
 }

@@ -238,3 +238,10 @@ TEST_CASE("gradcheck/a NaN or Inf on either side fails") {
   CHECK_FALSE(r.ok);
   CHECK(contains(r.report, "nan"));
 }
+
+TEST_CASE("forward/layer_norm at the default eps on a nearly constant row") {
+  const std::vector<double> x = {1, 1 + 1e-3, 1 - 1e-3, 1};  // variance 5e-7, small against eps = 1e-5
+  const std::vector<double> y = tg::layer_norm(tg::from_vector(x, {1, 4}, {tg::DType::Float64})).to_vector();
+  const double inv = 1 / std::sqrt(5e-7 + 1e-5);
+  check_close(y, {0, 1e-3 * inv, -1e-3 * inv, 0}, 1e-9);
+}

@@ -136,3 +136,43 @@ TEST_CASE("numerics/an unknown dtype is a clear error, not float64") {
   CHECK(error_of([&] { TG_DISPATCH_FLOAT(bogus, T, [] { return sizeof(T); }); }) ==
         "TG_DISPATCH_FLOAT: unknown dtype (enumerator 7)");
 }
+
+TEST_CASE("shapes/zero-size dims broadcast only against 1; huge aranges; rank-9 contiguous factories") {
+  CHECK(contains(error_of([] { tg::add(tg::zeros({0}), tg::ones({3})); }), "add: shapes [0] and [3] cannot be broadcast"));
+  CHECK(tg::add(tg::zeros({0}), tg::ones({1})).shape() == tg::Shape{0});
+  CHECK(contains(error_of([] { tg::arange(int64_t(1) << 61); }), "arange: shape [2305843009213693952] needs more bytes than int64 can count"));
+  CHECK(contains(error_of([] { tg::arange(int64_t(1) << 58); }), "arange: cannot allocate"));
+  const tg::Tensor nine = tg::ones({1, 1, 1, 1, 1, 1, 1, 1, 2});
+  CHECK(nine.to_vector() == std::vector<double>{1, 1});
+}
+
+TEST_CASE("shapes/error texts name the op that was called") {
+  tg::Tensor x = tg::zeros({3});
+  CHECK(error_of([&] { x.add_(tg::ones({2, 3})); }) == "add_: other [2,3] does not broadcast to this tensor's shape [3]");
+  CHECK(error_of([&] { x.add_(tg::Tensor()); }) == "add_: argument 'other' is an undefined tensor");
+  CHECK(error_of([] { tg::mean(tg::zeros({2, 3}), {0, 0}); }) == "mean: dim 0 repeats in the dims of a tensor of shape [2,3]");
+  tg::RegionAttentionParams p = tg::RegionAttentionParams::init({8, 2, 4});
+  p.out_weight = tg::Tensor();
+  CHECK(error_of([&] { tg::region_attention(tg::zeros({1, 3, 8}), tg::zeros({1, 3}), tg::ones({1, 3}), p); }) ==
+        "region_attention: argument 'out_weight' is an undefined tensor");
+}
+
+TEST_CASE("inplace/expanded by two, and overlapping by exactly one element, also across from_blob views") {
+  tg::Tensor e = tg::zeros({1, 3}).expand({2, 3});
+  CHECK(contains(error_of([&] { e.fill_(1.0); }), "several of its elements share one memory location"));
+  tg::Tensor a = tg::arange(5, {tg::DType::Float64});
+  a.narrow(0, 2, 3).copy_(a.narrow(0, 0, 3));  // element 2 is read and written
+  CHECK(a.to_vector() == std::vector<double>{0, 1, 0, 1, 2});
+  std::vector<float> buffer = {0, 1, 2, 3, 4};
+  const tg::Tensor head = tg::from_blob(buffer.data(), {4}), tail = tg::from_blob(buffer.data() + 1, {4});
+  tg::Tensor(tail).copy_(head);  // two Storage objects over one buffer
+  CHECK(buffer == std::vector<float>{0, 0, 1, 2, 3});
+}
+
+TEST_CASE("numerics/+inf in a softmax row gives NaN; relu lets NaN through; dropout checks an explicit mask at p = 0") {
+  const std::vector<double> y = tg::softmax(tg::from_vector({1, kInf, 2}, {1, 3}, {tg::DType::Float64})).to_vector();
+  for (double v : y) CHECK(std::isnan(v));
+  CHECK(std::isnan(tg::relu(tg::from_vector({kNaN}, {1}, {tg::DType::Float64})).item()));
+  CHECK(error_of([] { tg::dropout(tg::ones({2}), {0.0, std::nullopt, tg::from_vector({1, 7}, {2})}); }) ==
+        "dropout: mask [2] must hold only 0 and 1; element 1 is 7");
+}

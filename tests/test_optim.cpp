@@ -203,7 +203,7 @@ TEST_CASE("optim/AdamW matches torch.optim.AdamW (tests/fixtures/adamw_torch.jso
     const bool f64 = c.at("dtype") == "float64";
     INFO("dtype " << c.at("dtype"));
     const tg::TensorOptions opts{f64 ? tg::DType::Float64 : tg::DType::Float32};
-    // float32: torch and tapegrad round differently (torch lerps m, tapegrad takes sqrt as exp(log / 2))
+    // float32: torch and tapegrad round differently (torch lerps m; the order of the float ops differs)
     const double tolerance = f64 ? 1e-14 : 1e-6;
     std::vector<tg::Tensor> params;
     for (size_t i = 0; i < c.at("shapes").size(); ++i)
