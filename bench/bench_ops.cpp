@@ -20,6 +20,8 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 #include "autograd/node.h"
 #include "core/cuda_context.h"
 #include "tapegrad.h"
@@ -77,13 +79,11 @@ void time_case(Timer& timer, std::vector<Row>& rows, const tgtest::OpCase& c) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (!tg::cuda::is_available()) {
-    std::printf("bench_ops: no CUDA device\n");
-    return 1;
-  }
+  CLI::App app{"Every op of the op table on the GPU, forward and backward, against its floor"};
   std::string json_path;
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::string(argv[i]) == "--json") json_path = argv[i + 1];
+  app.add_option("--json", json_path, "write the results here");
+  CLI11_PARSE(app, argc, argv);
+  if (!tgbench::cuda_present("bench_ops")) return 1;
 
   tg::manual_seed(0);
   Timer timer;

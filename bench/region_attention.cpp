@@ -20,6 +20,8 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 #include "bench/timing.h"
 #include "tests/attention_problem.h"
 
@@ -67,16 +69,13 @@ DecomposedGraph decomposed_graph(const tg::fused::BackwardInputs& in, double p) 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (!tg::cuda::is_available()) {
-    std::printf("region_attention: no CUDA device\n");
-    return 1;
-  }
+  CLI::App app{"The spec's 16 backward cases: fused (high, highest) vs the decomposed graph, against the floor"};
   std::string json_path;
   size_t n_cases = std::size(kCases);
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (std::string(argv[i]) == "--json") json_path = argv[i + 1];
-    if (std::string(argv[i]) == "--cases") n_cases = std::min<size_t>(n_cases, std::stoul(argv[i + 1]));
-  }
+  app.add_option("--json", json_path, "write the results here");
+  app.add_option("--cases", n_cases, "run only the first N cases")->check(CLI::Range(size_t(1), n_cases));
+  CLI11_PARSE(app, argc, argv);
+  if (!tgbench::cuda_present("region_attention")) return 1;
   tg::manual_seed(0);
   tgbench::Timer timer;
   const tgbench::Ceilings ceil = tgbench::measure_ceilings(timer);

@@ -2,6 +2,7 @@
 // 50 timed runs with the L2 flushed (a 512 MiB memset) before each, the median.
 #pragma once
 #include <algorithm>
+#include <cstdio>
 #include <functional>
 #include <vector>
 
@@ -9,6 +10,13 @@
 #include "tapegrad.h"
 
 namespace tgbench {
+
+// False, after saying so, where there is no GPU to measure.
+inline bool cuda_present(const char* bench) {
+  if (tg::cuda::is_available()) return true;
+  std::printf("%s: no CUDA device\n", bench);
+  return false;
+}
 
 constexpr int kWarmup = 10, kRuns = 50;
 constexpr size_t kFlushBytes = size_t(512) << 20;  // > the H200's 60 MB L2

@@ -16,6 +16,9 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
+#include "bench/timing.h"
 #include "tapegrad.h"
 
 namespace {
@@ -73,13 +76,11 @@ Result measure(const tg::RegionAttentionParams& params, Size size, const std::st
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (!tg::cuda::is_available()) {
-    std::printf("train_step: no CUDA device\n");
-    return 1;
-  }
+  CLI::App app{"One training step of the attention layer, decomposed vs fused: time and peak memory"};
   std::string json_path;
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::string(argv[i]) == "--json") json_path = argv[i + 1];
+  app.add_option("--json", json_path, "write the results here");
+  CLI11_PARSE(app, argc, argv);
+  if (!tgbench::cuda_present("train_step")) return 1;
   tg::manual_seed(0);
   const tg::RegionAttentionParams params = on_cuda(tg::RegionAttentionParams::init({1024, 16, 1024}));
   std::vector<Result> results;
