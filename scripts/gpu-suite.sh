@@ -4,13 +4,13 @@
 # TG_CUDA_SYNC=1 mode), compute-sanitizer over the GPU suite, the benchmarks
 # with their PyTorch peers, and the demo. Logs go to $OUT (default
 # /tmp/tg-out), eight files at most. TG_STEPS picks steps (default: all of
-# "tests sync sanitizers bench_ops region_attention train_step compare_torch demo");
+# "tests sync safetensors sanitizers bench_ops region_attention train_step compare_torch demo");
 # TG_SANITIZERS picks tools (default "memcheck racecheck synccheck initcheck").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/tg-out}
 mkdir -p "$OUT"
-STEPS=${TG_STEPS:-tests sync sanitizers bench_ops region_attention train_step compare_torch demo}
+STEPS=${TG_STEPS:-tests sync safetensors sanitizers bench_ops region_attention train_step compare_torch demo}
 status=0
 wants() { [[ " $STEPS " == *" $1 "* ]]; }
 step() {  # step NAME LOG COMMAND...: runs, logs, remembers a failure
@@ -41,6 +41,9 @@ if wants tests; then
   step "cuda tests" run.log "$bin/tg_cuda_tests"
 fi
 wants sync && step "cuda tests, TG_CUDA_SYNC=1" run.log env TG_CUDA_SYNC=1 "$bin/tg_cuda_tests"
+# A safetensors file tapegrad wrote, opened by PyTorch's safetensors loader.
+wants safetensors && step "safetensors in PyTorch" run.log bash -c "'$bin/tg_tests' -tc='checkpoint/writes tapegrad_written*' &&
+  python3 tests/fixtures/check_safetensors.py check '${TMPDIR:-/tmp}/tapegrad_written.safetensors'"
 # Under the sanitizers: the GPU suite without the fault probe (it faults on
 # purpose, in a child) and the benchmark-size fused case (the edge-shape case
 # runs the same kernels at sizes the tools get through).
