@@ -21,11 +21,16 @@ bool can_steal(const Tensor& g) {
   return g.impl().use_count() == 1 && g.impl()->storage.use_count() == 1 && g.is_contiguous() && !g.requires_grad();
 }
 
-// leaf.grad += g, under the leaf's lock (threads may share a leaf).
+// leaf.grad += g, under the leaf's lock (threads may share a leaf). As in
+// PyTorch, the sum is written in place only when nobody else holds .grad();
+// otherwise .grad() becomes a new tensor and what the caller holds stays as
+// it was (a reader on another thread never sees a half-written sum).
 void accumulate_into_leaf(TensorImpl& leaf, Tensor g) {
   std::lock_guard<std::mutex> lock(leaf.grad_mutex);
-  if (leaf.grad) {
+  if (leaf.grad && leaf.grad.use_count() == 1 && leaf.grad->storage.use_count() == 1) {
     Tensor(leaf.grad).add_(g);
+  } else if (leaf.grad) {
+    leaf.grad = add(Tensor(leaf.grad), g).impl();
   } else {
     leaf.grad = can_steal(g) ? g.impl() : g.clone().impl();
   }

@@ -303,6 +303,26 @@ TEST_CASE("engine/requires_grad_(false) is only for leaves; in-place writes into
   CHECK(x.to_vector() == std::vector<double>{2, 4});
 }
 
+TEST_CASE("engine/a held .grad() keeps its values; the next backward accumulates into a new tensor") {
+  tg::Tensor w = leaf({1, 2});
+  tg::sum(tg::mul(w, 3.0)).backward();
+  const tg::Tensor held = w.grad();
+  const void* first_storage = held.raw_data();
+  tg::sum(tg::mul(w, 3.0)).backward();
+  CHECK(held.to_vector() == std::vector<double>{3, 3});
+  CHECK(w.grad().to_vector() == std::vector<double>{6, 6});
+  CHECK(w.grad().raw_data() != first_storage);
+}
+
+TEST_CASE("engine/an unheld .grad() is accumulated in place") {
+  tg::Tensor w = leaf({1, 2});
+  tg::sum(tg::mul(w, 3.0)).backward();
+  const void* storage = w.grad().raw_data();
+  tg::sum(tg::mul(w, 3.0)).backward();
+  CHECK(w.grad().raw_data() == storage);
+  CHECK(w.grad().to_vector() == std::vector<double>{6, 6});
+}
+
 TEST_CASE("concurrency/reading a leaf's gradient while another thread accumulates into it") {
   tg::Tensor w = leaf({1, 1});
   std::atomic<bool> done{false};
