@@ -8,6 +8,8 @@
 #include "core/random.h"
 #include "core/tensor.h"
 #include "models/checkpoint.h"
+#include "models/edit_data.h"
+#include "models/edit_model.h"
 #include "models/layers.h"
 #include "models/module.h"
 #include "models/optim.h"

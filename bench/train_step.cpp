@@ -3,6 +3,8 @@
 // p = 0.1) at the spec's sizes, decomposed and fused, at "highest" (fp32) and
 // "high" (TF32), with the step's peak device memory. bench/train_step.py measures PyTorch eager on
 // the same layer and sizes, the same way, in the same GPU script.
+// Then one training step of the toy edit-diffusion model (the demo's EditDiT:
+// loss, backward, clipping and AdamW) on the GPU, decomposed vs fused, at "high".
 //
 // Method: 3 warm-up steps, then 20 steps each timed with the host clock
 // between two stream synchronisations; the median. Peak memory is the
@@ -14,6 +16,7 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -35,27 +38,10 @@ struct Result {
 
 constexpr int kWarmup = 3, kRuns = 20;
 
-tg::RegionAttentionParams on_cuda(const tg::RegionAttentionParams& p) {
-  tg::RegionAttentionParams q = p;
-  for (tg::Tensor* t : {&q.qkv_weight, &q.qkv_bias, &q.out_weight, &q.out_bias, &q.edit_region_bias, &q.within_edit_bias,
-                        &q.cross_edit_bias})
-    *t = t->detach().cuda().requires_grad_();
-  return q;
-}
-
-Result measure(const tg::RegionAttentionParams& params, Size size, const std::string& precision, tg::AttentionImpl impl) {
-  tg::set_float32_matmul_precision(precision);
-  const int64_t C = params.qkv_weight.size(1);
-  const tg::Tensor x = tg::randn({size.B, size.S, C}).cuda().requires_grad_();
-  const tg::Tensor e = tg::dropout_mask({size.B, size.S}, 0.5, tg::default_generator().next()).cuda();
-  const tg::Tensor a = tg::ones({size.B, size.S}).cuda();
-  const tg::Tensor dy = tg::randn({size.B, size.S, C}).cuda();
-  tg::RegionAttentionParams p = params;
-  auto step = [&] {
-    tg::region_attention(x, e, a, p, {0.1}, impl).backward(dy);
-    for (tg::Tensor& t : p.parameters()) t.zero_grad();
-    tg::Tensor(x).zero_grad();
-  };
+// The median time of kRuns calls of step() after kWarmup, each between two
+// synchronisations, and the peak memory of one more call.
+template <typename Step>
+std::pair<double, double> time_and_peak(Step&& step) {
   for (int i = 0; i < kWarmup; ++i) step();
   std::vector<double> ms;
   for (int i = 0; i < kRuns; ++i) {
@@ -69,40 +55,90 @@ Result measure(const tg::RegionAttentionParams& params, Size size, const std::st
   tg::cuda::reset_peak_memory_stats();
   step();
   tg::cuda::synchronize();
-  const double peak = static_cast<double>(tg::cuda::memory_stats().peak_allocated) / (1 << 20);
-  return {impl == tg::AttentionImpl::Fused ? "fused" : "decomposed", precision, size, ms[ms.size() / 2], peak};
+  return {ms[ms.size() / 2], static_cast<double>(tg::cuda::memory_stats().peak_allocated) / (1 << 20)};
+}
+
+const char* impl_name(tg::AttentionImpl impl) { return impl == tg::AttentionImpl::Fused ? "fused" : "decomposed"; }
+
+tg::RegionAttentionParams on_cuda(const tg::RegionAttentionParams& p) {
+  tg::RegionAttentionParams q = p;
+  for (tg::Tensor* t : {&q.qkv_weight, &q.qkv_bias, &q.out_weight, &q.out_bias, &q.edit_region_bias, &q.within_edit_bias,
+                        &q.cross_edit_bias})
+    *t = t->detach().cuda().requires_grad_();
+  return q;
+}
+
+Result measure_layer(const tg::RegionAttentionParams& params, Size size, const std::string& precision,
+                     tg::AttentionImpl impl) {
+  tg::set_float32_matmul_precision(precision);
+  const int64_t C = params.qkv_weight.size(1);
+  const tg::Tensor x = tg::randn({size.B, size.S, C}).cuda().requires_grad_();
+  const tg::Tensor e = tg::dropout_mask({size.B, size.S}, 0.5, tg::default_generator().next()).cuda();
+  const tg::Tensor a = tg::ones({size.B, size.S}).cuda();
+  const tg::Tensor dy = tg::randn({size.B, size.S, C}).cuda();
+  tg::RegionAttentionParams p = params;
+  const auto [ms, peak] = time_and_peak([&] {
+    tg::region_attention(x, e, a, p, {0.1}, impl).backward(dy);
+    for (tg::Tensor& t : p.parameters()) t.zero_grad();
+    tg::Tensor(x).zero_grad();
+  });
+  return {impl_name(impl), precision, size, ms, peak};
+}
+
+// One step of the demo's model (hidden 128, depth 4, 2 heads of 64, 64
+// tokens) on a batch of B edits, as examples/train_edit_diffusion runs it.
+Result measure_toy(int64_t B, tg::AttentionImpl impl) {
+  tg::set_float32_matmul_precision("high");
+  const tg::TensorOptions opts{tg::DType::Float32, tg::Device::CUDA};
+  tg::manual_seed(0);
+  tg::toy::EditDiT model({.attention = impl}, opts);
+  tg::optim::AdamW optimizer(model.parameters(), {});
+  const tg::toy::EditBatch batch = tg::toy::make_edit_batch(0, 0, B, opts);
+  const auto [ms, peak] = time_and_peak([&] { tg::toy::train_step(model, optimizer, batch); });
+  return {std::string("toy EditDiT ") + impl_name(impl), "high", {B, tg::toy::kTokens}, ms, peak};
+}
+
+void print(const std::vector<Result>& results) {
+  std::printf("%-24s %-9s %5s %6s %10s %10s\n", "impl", "precision", "B", "S", "median ms", "peak MiB");
+  for (const Result& r : results)
+    std::printf("%-24s %-9s %5ld %6ld %10.3f %10.0f\n", r.impl.c_str(), r.precision.c_str(),
+                static_cast<long>(r.size.B), static_cast<long>(r.size.S), r.ms, r.peak_mib);
+}
+
+void write_json(const std::string& path, const std::vector<Result>& results) {
+  std::ofstream js(path);
+  js << "[";
+  for (size_t i = 0; i < results.size(); ++i) {
+    const Result& r = results[i];
+    js << (i ? ", " : "") << "{\"impl\": \"tapegrad " << r.impl << "\", \"precision\": \"" << r.precision
+       << "\", \"B\": " << r.size.B << ", \"S\": " << r.size.S << ", \"median_ms\": " << r.ms
+       << ", \"peak_mib\": " << r.peak_mib << "}";
+  }
+  js << "]\n";
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"One training step of the attention layer, decomposed vs fused: time and peak memory"};
+  CLI::App app{"One training step of the attention layer and of the toy model, decomposed vs fused"};
   std::string json_path;
   app.add_option("--json", json_path, "write the results here");
   CLI11_PARSE(app, argc, argv);
   if (!tgbench::cuda_present("train_step")) return 1;
   tg::manual_seed(0);
   const tg::RegionAttentionParams params = on_cuda(tg::RegionAttentionParams::init({1024, 16, 1024}));
-  std::vector<Result> results;
-  for (const tg::AttentionImpl impl : {tg::AttentionImpl::Decomposed, tg::AttentionImpl::Fused})
+  std::vector<Result> layer, toy;
+  for (const tg::AttentionImpl impl : {tg::AttentionImpl::Decomposed, tg::AttentionImpl::Fused}) {
     for (const std::string precision : {"highest", "high"})
       for (const Size size : {Size{8, 1024}, Size{32, 773}, Size{64, 128}})
-        results.push_back(measure(params, size, precision, impl));
-
-  std::printf("%-12s %-9s %5s %6s %10s %14s\n", "impl", "precision", "B", "S", "median ms", "peak MiB");
-  for (const Result& r : results)
-    std::printf("%-12s %-9s %5ld %6ld %10.3f %14.0f\n", r.impl.c_str(), r.precision.c_str(), static_cast<long>(r.size.B),
-                static_cast<long>(r.size.S), r.ms, r.peak_mib);
-  if (!json_path.empty()) {
-    std::ofstream js(json_path);
-    js << "[";
-    for (size_t i = 0; i < results.size(); ++i) {
-      const Result& r = results[i];
-      js << (i ? ", " : "") << "{\"impl\": \"tapegrad " << r.impl << "\", \"precision\": \"" << r.precision
-         << "\", \"B\": " << r.size.B << ", \"S\": " << r.size.S << ", \"median_ms\": " << r.ms
-         << ", \"peak_mib\": " << r.peak_mib << "}";
-    }
-    js << "]\n";
+        layer.push_back(measure_layer(params, size, precision, impl));
+    for (const int64_t B : {64, 512}) toy.push_back(measure_toy(B, impl));
   }
+  std::printf("one training step of the attention layer (hidden 1024, 16 heads, p = 0.1):\n");
+  print(layer);
+  std::printf("\none training step of the toy edit-diffusion model (EditDiT, 64 tokens, AdamW):\n");
+  print(toy);
+  layer.insert(layer.end(), toy.begin(), toy.end());
+  if (!json_path.empty()) write_json(json_path, layer);
   return 0;
 }

@@ -32,6 +32,12 @@ int64_t checked_heads(const RegionAttentionConfig& c) {
   return c.heads;
 }
 
+Shape embedding_table_shape(int64_t num_embeddings, int64_t embedding_dim) {
+  TG_CHECK(num_embeddings > 0 && embedding_dim > 0, "Embedding: num_embeddings ", num_embeddings,
+           " and embedding_dim ", embedding_dim, " must be positive");
+  return {num_embeddings, embedding_dim};
+}
+
 int64_t mlp_hidden(int64_t hidden, double mlp_ratio) {
   TG_CHECK(mlp_ratio > 0, "DiTBlock: mlp_ratio must be positive, got ", mlp_ratio);
   return static_cast<int64_t>(static_cast<double>(hidden) * mlp_ratio);
@@ -39,6 +45,24 @@ int64_t mlp_hidden(int64_t hidden, double mlp_ratio) {
 
 Tensor modulate(const Tensor& h, const Tensor& shift, const Tensor& scale) {
   return add(mul(h, add(scale, 1.0)), shift);
+}
+
+// adaLN-Zero: a modulation (or output) layer that starts at zero.
+std::shared_ptr<Linear> zero_linear(int64_t in, int64_t out, TensorOptions opts) {
+  auto layer = std::make_shared<Linear>(in, out, true, opts);
+  NoGradGuard no_grad;
+  layer->weight.zero_();
+  layer->bias.zero_();
+  return layer;
+}
+
+// The tokens x [B,S,hidden] and the conditioning c [B,hidden] of an adaLN layer.
+void check_tokens_and_conditioning(const char* op, const Tensor& x, const Tensor& c, int64_t hidden) {
+  check_defined(op, "x", x);
+  check_defined(op, "c", c);
+  TG_CHECK(x.dim() == 3 && x.size(2) == hidden, op, ": x must be [B,S,", hidden, "], got ", x.shape());
+  TG_CHECK(c.dim() == 2 && c.size(0) == x.size(0) && c.size(1) == hidden, op, ": c must be [", x.size(0), ",",
+           hidden, "] for x ", x.shape(), ", got ", c.shape());
 }
 
 }  // namespace
@@ -73,6 +97,25 @@ Tensor LayerNorm::forward(const Tensor& x) const {
   TG_CHECK(x.dim() >= 1 && x.size(-1) == normalized_shape, "LayerNorm: x must end in dim ", normalized_shape,
            ", got ", x.shape());
   return layer_norm(x, weight, bias, eps);
+}
+
+// ---- Embedding
+
+Embedding::Embedding(int64_t num, int64_t dim, TensorOptions opts)
+    : num_embeddings(num),
+      embedding_dim(dim),
+      weight(register_parameter("weight", randn(embedding_table_shape(num, dim), {opts.dtype, opts.device}))) {}
+
+Tensor Embedding::forward(const std::vector<int64_t>& indices) const {
+  TG_CHECK(!indices.empty(), "Embedding: got no indices");
+  const int64_t n = static_cast<int64_t>(indices.size());
+  std::vector<double> one_hot(n * num_embeddings, 0.0);
+  for (int64_t i = 0; i < n; ++i) {
+    TG_CHECK(indices[i] >= 0 && indices[i] < num_embeddings, "Embedding: index ", i, " is ", indices[i],
+             ", outside the table's [0, ", num_embeddings, ")");
+    one_hot[i * num_embeddings + indices[i]] = 1.0;
+  }
+  return matmul(from_vector(one_hot, {n, num_embeddings}, {weight.dtype(), weight.device()}), weight);
 }
 
 // ---- MLP
@@ -191,24 +234,30 @@ DiTBlock::DiTBlock(const RegionAttentionConfig& c, double mlp_ratio, double drop
       norm2(register_module("norm2", std::make_shared<LayerNorm>(c.hidden, 1e-6, false, opts))),
       mlp(register_module("mlp", std::make_shared<MLP>(c.hidden, mlp_hidden(c.hidden, mlp_ratio), c.hidden,
                                                        Activation::GELU, opts))),
-      adaLN_modulation(register_module("adaLN_modulation", std::make_shared<Linear>(c.hidden, 6 * c.hidden, true, opts))) {
-  NoGradGuard no_grad;  // adaLN-Zero: every gate starts at 0
-  adaLN_modulation->weight.zero_();
-  adaLN_modulation->bias.zero_();
-}
+      adaLN_modulation(register_module("adaLN_modulation", zero_linear(c.hidden, 6 * c.hidden, opts))) {}
 
 Tensor DiTBlock::forward(const Tensor& x, const Tensor& c, const Tensor& edit_mask, const Tensor& attn_mask) const {
-  check_defined("DiTBlock", "x", x);
-  check_defined("DiTBlock", "c", c);
-  TG_CHECK(x.dim() == 3 && x.size(2) == hidden, "DiTBlock: x must be [B,S,", hidden, "], got ", x.shape());
-  TG_CHECK(c.dim() == 2 && c.size(0) == x.size(0) && c.size(1) == hidden, "DiTBlock: c must be [", x.size(0), ",",
-           hidden, "] for x ", x.shape(), ", got ", c.shape());
+  check_tokens_and_conditioning("DiTBlock", x, c, hidden);
   const Tensor mod = adaLN_modulation->forward(silu(c)).unsqueeze(1);  // [B,1,6C]
   // shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp, each [B,1,C]
   auto chunk = [&](int64_t i) { return mod.narrow(2, i * hidden, hidden); };
   const Tensor attended = attn->forward(modulate(norm1->forward(x), chunk(0), chunk(1)), edit_mask, attn_mask);
   const Tensor h = add(x, mul(chunk(2), attended));
   return add(h, mul(chunk(5), mlp->forward(modulate(norm2->forward(h), chunk(3), chunk(4)))));
+}
+
+// ---- FinalLayer
+
+FinalLayer::FinalLayer(int64_t hidden, int64_t out_features, TensorOptions opts)
+    : hidden(hidden),
+      norm_final(register_module("norm_final", std::make_shared<LayerNorm>(hidden, 1e-6, false, opts))),
+      linear(register_module("linear", zero_linear(hidden, out_features, opts))),
+      adaLN_modulation(register_module("adaLN_modulation", zero_linear(hidden, 2 * hidden, opts))) {}
+
+Tensor FinalLayer::forward(const Tensor& x, const Tensor& c) const {
+  check_tokens_and_conditioning("FinalLayer", x, c, hidden);
+  const Tensor mod = adaLN_modulation->forward(silu(c)).unsqueeze(1);  // [B,1,2C]: shift, scale
+  return linear->forward(modulate(norm_final->forward(x), mod.narrow(2, 0, hidden), mod.narrow(2, hidden, hidden)));
 }
 
 }  // namespace tg::nn

@@ -4,6 +4,7 @@
 // reference code, so a state_dict reads like theirs.
 #pragma once
 #include <memory>
+#include <vector>
 
 #include "models/module.h"
 #include "models/region_attention.h"
@@ -37,6 +38,18 @@ class LayerNorm : public Module {
   const double eps;
   Tensor& weight;
   Tensor& bias;
+};
+
+// torch.nn.Embedding: a table weight [num_embeddings, embedding_dim] ~ N(0,1);
+// forward picks one row per index, as a one-hot [n, num_embeddings] times the
+// table, so the tape's matmul gives the table its gradient.
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num_embeddings, int64_t embedding_dim, TensorOptions opts = {});
+  Tensor forward(const std::vector<int64_t>& indices) const;  // -> [n, embedding_dim]
+
+  const int64_t num_embeddings, embedding_dim;
+  Tensor& weight;
 };
 
 enum class Activation { GELU, SiLU };
@@ -134,6 +147,21 @@ class DiTBlock : public Module {
   std::shared_ptr<RegionAwareSelfAttention> attn;
   std::shared_ptr<LayerNorm> norm2;
   std::shared_ptr<MLP> mlp;
+  std::shared_ptr<Linear> adaLN_modulation;
+};
+
+// DiT's FinalLayer: from c [B,C], adaLN_modulation = Linear(SiLU(c)) gives
+// shift and scale, and x [B,S,C] -> linear(modulate(norm_final(x), shift,
+// scale)) [B,S,out_features]. adaLN_modulation and linear start at zero, so a
+// new model outputs 0.
+class FinalLayer : public Module {
+ public:
+  FinalLayer(int64_t hidden, int64_t out_features, TensorOptions opts = {});
+  Tensor forward(const Tensor& x, const Tensor& c) const;
+
+  const int64_t hidden;
+  std::shared_ptr<LayerNorm> norm_final;
+  std::shared_ptr<Linear> linear;
   std::shared_ptr<Linear> adaLN_modulation;
 };
 

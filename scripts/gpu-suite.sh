@@ -26,7 +26,7 @@ step() {  # step NAME LOG COMMAND...: runs, logs, remembers a failure
 }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv >"$OUT/run.log" 2>&1
 bin=build-gpu
-binaries="tg_tests tg_cuda_tests bench_ops train_step region_attention attention_demo libtapegrad.so"
+binaries="tg_tests tg_cuda_tests bench_ops train_step region_attention attention_demo train_edit_diffusion libtapegrad.so"
 loads() { for b in $binaries; do [ -e "$1/$b" ] && ! ldd "$1/$b" | grep -q "not found" || return 1; done; }
 if [ -n "${TG_PREBUILT:-}" ] && loads "$TG_PREBUILT"; then
   bin=$TG_PREBUILT
@@ -61,7 +61,11 @@ if wants train_step; then
 fi
 wants compare_torch && step "compare with PyTorch (C API)" bench.txt env PYTHONUNBUFFERED=1 python3 bench/compare_torch.py \
   --lib "$bin/libtapegrad.so" ${TG_COMPARE_ARGS:---rounds 10 --compile} --json "$OUT/compare_torch.json"
-wants demo && step "demo" run.log "$bin/attention_demo"
+if wants demo; then
+  step "attention demo" run.log "$bin/attention_demo"
+  step "main demo on the GPU (fused attention)" run.log "$bin/train_edit_diffusion" --device cuda --attention fused \
+    --out "${TMPDIR:-/tmp}/tg-demo"
+fi
 echo "== tables"
 grep -E "^(ceilings|S=|mean of|impl|decomposed|fused|pytorch|correctness)" "$OUT/bench.txt" 2>/dev/null
 exit $status

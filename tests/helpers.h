@@ -1,8 +1,10 @@
 // Small helpers shared by the doctest suites.
 #pragma once
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <string>
 
@@ -61,6 +63,16 @@ inline std::vector<std::string> keys_of(const tg::StateDict& dict) {
   std::vector<std::string> keys;
   for (const auto& entry : dict) keys.push_back(entry.first);
   return keys;
+}
+
+// A file name in a folder of this process's own, removed with its contents at exit.
+inline std::string temp_path(const std::string& name) {
+  static const struct Folder {
+    std::filesystem::path path = std::filesystem::temp_directory_path() / ("tg_tests_" + std::to_string(::getpid()));
+    Folder() { std::filesystem::create_directories(path); }
+    ~Folder() { std::filesystem::remove_all(path); }
+  } folder;
+  return (folder.path / name).string();
 }
 
 inline bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }

@@ -16,10 +16,10 @@ std::vector<OpCase> binary_cases(tg::OpId op, tg::Tensor (*f)(const tg::Tensor&,
   auto call = [f](const V& t, const Dims&) { return f(t[0], t[1]); };
   return {
       {op, "[B,H,S,S] pair", {{"B,H,S,S"}, {"B,H,S,S", b_draw}}, call},
-      {op, "a row broadcast", {{"B,S,C"}, {"C", b_draw}}, call, kElementwise, kCheckOnly},
-      {op, "column x row", {{"S,1"}, {"1,C", b_draw}}, call, kElementwise, kCheckOnly},
-      {op, "one element x matrix", {{"1"}, {"S,C", b_draw}}, call, kElementwise, kCheckOnly},
-      {op, "rank-3 x rank-2 broadcast", {{"B,1,S"}, {"C,1", b_draw}}, call, kElementwise, kCheckOnly},
+      {op, "a row broadcast", {{"B,S,C"}, {"C", b_draw}}, call, kBroadcast, kCheckOnly},
+      {op, "column x row", {{"S,1"}, {"1,C", b_draw}}, call, kBroadcast, kCheckOnly},
+      {op, "one element x matrix", {{"1"}, {"S,C", b_draw}}, call, kBroadcast, kCheckOnly},
+      {op, "rank-3 x rank-2 broadcast", {{"B,1,S"}, {"C,1", b_draw}}, call, kBroadcast, kCheckOnly},
       {op, "transposed operand", {{"S,C"}, {"C,S", b_draw}},
        [f](const V& t, const Dims&) { return f(t[0].transpose(0, 1), t[1]); }, kElementwise, kCheckOnly},
   };

@@ -44,6 +44,10 @@ struct Tolerance {
   double atol, rtol;
 };
 inline constexpr Tolerance kElementwise{1e-6, 1e-5};
+// A broadcast operand's gradient sums up to a few hundred float32 terms over
+// the broadcast dims; the CPU and CUDA sum them in other orders, so a sum that
+// cancels to near zero differs by ~sqrt(n) eps |term| ~ 1e-6, past kElementwise's atol.
+inline constexpr Tolerance kBroadcast{1e-5, 1e-5};
 inline constexpr Tolerance kReduction{1e-4, 1e-4};
 inline constexpr Tolerance kGemm{1e-4, 1e-4};
 

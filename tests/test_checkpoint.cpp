@@ -1,8 +1,6 @@
 // safetensors files and training checkpoints: bit-exact round trips, the
 // file layout, atomic saves, every check of a hostile header, thousands of
 // mutated files, exact resume of training, and files shared with PyTorch.
-#include <unistd.h>
-
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -21,16 +19,6 @@ using Json = nlohmann::ordered_json;
 namespace {
 
 const tg::TensorOptions kF64{tg::DType::Float64};
-
-// A file name in a folder of this process's own, removed with its contents at exit.
-std::string temp_path(const std::string& name) {
-  static const struct Folder {
-    std::filesystem::path path = std::filesystem::temp_directory_path() / ("tg_checkpoint_" + std::to_string(::getpid()));
-    Folder() { std::filesystem::create_directories(path); }
-    ~Folder() { std::filesystem::remove_all(path); }
-  } folder;
-  return (folder.path / name).string();
-}
 
 std::string read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

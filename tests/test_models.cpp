@@ -434,3 +434,37 @@ TEST_CASE("module/DiTBlock gradcheck") {
        &mlp.fc2->weight, &mlp.fc2->bias, &block.adaLN_modulation->weight, &block.adaLN_modulation->bias},
       {randn64({2, 3, 4}), randn64({2, 4})}, [&](const auto& in) { return block.forward(in[0], in[1], e, a); });
 }
+
+TEST_CASE("module/Embedding picks rows of its table, and the gradient lands on those rows") {
+  tg::manual_seed(7);
+  nn::Embedding embedding(4, 3, kF64);
+  REQUIRE(embedding.weight.shape() == tg::Shape{4, 3});
+  const tg::Tensor rows = embedding.forward({2, 0, 2});
+  REQUIRE(rows.shape() == tg::Shape{3, 3});
+  for (int64_t j = 0; j < 3; ++j) {
+    CHECK(rows.at({0, j}) == embedding.weight.at({2, j}));
+    CHECK(rows.at({1, j}) == embedding.weight.at({0, j}));
+    CHECK(rows.at({2, j}) == embedding.weight.at({2, j}));
+  }
+  tg::sum(rows).backward();
+  CHECK(embedding.weight.grad().to_vector() == std::vector<double>{1, 1, 1, 0, 0, 0, 2, 2, 2, 0, 0, 0});
+  CHECK(error_of([&] { embedding.forward({1, 4}); }) == "Embedding: index 1 is 4, outside the table's [0, 4)");
+  CHECK(error_of([&] { embedding.forward({}); }) == "Embedding: got no indices");
+  CHECK(error_of([] { nn::Embedding(0, 3); }) == "Embedding: num_embeddings 0 and embedding_dim 3 must be positive");
+}
+
+TEST_CASE("module/a new FinalLayer outputs zero (adaLN-Zero); names, errors and gradcheck") {
+  nn::FinalLayer fresh(4, 5);
+  const tg::Tensor x = tg::randn({2, 3, 4}), c = tg::randn({2, 4});
+  CHECK(max_abs_diff(fresh.forward(x, c), tg::zeros({2, 3, 5})) == 0.0);
+  CHECK(keys_of(fresh.named_parameters()) ==
+        std::vector<std::string>{"linear.weight", "linear.bias", "adaLN_modulation.weight", "adaLN_modulation.bias"});
+  CHECK(error_of([&] { fresh.forward(x, tg::zeros({2, 5})); }) ==
+        "FinalLayer: c must be [2,4] for x [2,3,4], got [2,5]");
+
+  tg::manual_seed(8);
+  nn::FinalLayer layer(4, 5, kF64);
+  expect_module_gradcheck(
+      layer, {&layer.linear->weight, &layer.linear->bias, &layer.adaLN_modulation->weight, &layer.adaLN_modulation->bias},
+      {randn64({2, 3, 4}), randn64({2, 4})}, [&](const auto& in) { return layer.forward(in[0], in[1]); });
+}

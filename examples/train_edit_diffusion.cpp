@@ -1,0 +1,292 @@
+// The main demo: trains the toy edit-diffusion model of models/edit_model.h
+// ("recolour the shape inside the edit region to colour k") and shows what
+// it learnt. Writes into --out: train.csv, loss.png, sample grids
+// (samples_step<N>.png, samples_final.png), final.safetensors (and
+// checkpoint_step<N>.safetensors with --checkpoint-every) and metrics.json,
+// the held-out PSNR inside the edit region of the model and of two baselines.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "edit_figures.h"
+#include "tapegrad.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace toy = tg::toy;
+using Clock = std::chrono::steady_clock;
+
+// The held-out edits and their sampling noise: fixed, whatever --seed is.
+constexpr uint64_t kHeldOutSeed = 1'000'003;
+constexpr uint64_t kHeldOutNoiseSeed = 1'000'004;
+constexpr int64_t kGridExamples = 6;
+
+struct Options {
+  int64_t steps = 240;  // about two minutes on two CPU cores
+  int64_t batch = 32;
+  double lr = 2e-3;
+  int64_t warmup = 0;  // set from --steps unless given
+  double weight_decay = 0.0;
+  double max_grad_norm = 1.0;
+  uint64_t seed = 0;
+  tg::Device device = tg::Device::CPU;
+  tg::AttentionImpl attention = tg::AttentionImpl::Decomposed;
+  int64_t depth = 4;
+  double mlp_ratio = 2.0;
+  std::string out = "runs/edit_diffusion";
+  std::string resume;
+  int64_t sample_every = 80;
+  int64_t eval_every = 0;
+  int64_t checkpoint_every = 0;
+  int64_t sample_steps = 20;
+  int64_t heldout = 64;
+};
+
+void add_options(CLI::App& app, Options& o) {
+  app.add_option("--steps", o.steps, "training steps (the length of the cosine schedule)")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--batch", o.batch, "edits per step")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--lr", o.lr, "peak learning rate of AdamW")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--warmup", o.warmup, "linear warm-up steps (default: 5% of --steps)")->check(CLI::NonNegativeNumber);
+  app.add_option("--weight-decay", o.weight_decay, "AdamW's decoupled weight decay")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--max-grad-norm", o.max_grad_norm, "gradient clipping")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--seed", o.seed, "seed of the model's init, the training noise and the training edits")
+      ->check(CLI::Range(uint64_t{0}, kHeldOutSeed - 1))->capture_default_str();  // the held-out seed is not a training seed
+  app.add_option("--device", o.device, "where to train")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, tg::Device>{{"cpu", tg::Device::CPU},
+                                                                            {"cuda", tg::Device::CUDA}}))
+      ->option_text("cpu|cuda (default cpu)");
+  app.add_option("--attention", o.attention, "the attention core: a graph of small ops, or one fused op")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, tg::AttentionImpl>{
+          {"decomposed", tg::AttentionImpl::Decomposed}, {"fused", tg::AttentionImpl::Fused}}))
+      ->option_text("decomposed|fused (default decomposed)");
+  app.add_option("--depth", o.depth, "DiT blocks")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--mlp-ratio", o.mlp_ratio, "the blocks' MLP width over the hidden width 128")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--out", o.out, "output folder")->capture_default_str();
+  app.add_option("--resume", o.resume, "checkpoint to continue from (same options as the run that wrote it)")
+      ->check(CLI::ExistingFile);
+  app.add_option("--sample-every", o.sample_every, "steps between sample grids (0: only at the end)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--eval-every", o.eval_every, "steps between held-out evaluations (0: only at the end)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoint_step<N>.safetensors (0: none)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--sample-steps", o.sample_steps, "Euler steps of the sampler")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--heldout", o.heldout, "held-out edits for the PSNR table")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+}
+
+std::string minutes_seconds(double seconds) {
+  const auto s = static_cast<int64_t>(std::lround(std::max(seconds, 0.0)));
+  std::ostringstream os;
+  os << s / 60 << ":" << std::setw(2) << std::setfill('0') << s % 60;
+  return os.str();
+}
+
+bool every(int64_t period, int64_t step) { return period > 0 && step % period == 0; }
+
+// Progress of the training loop: on a terminal one line redrawn in place
+// (step, bar, smoothed loss, steps/s, ETA); otherwise a log line every 5%.
+class Progress {
+ public:
+  Progress(int64_t first_step, int64_t total_steps)
+      : tty_(::isatty(STDOUT_FILENO) != 0), first_(first_step), total_(total_steps), start_(Clock::now()) {}
+
+  void update(int64_t step, double loss, double lr, double grad_norm) {
+    smoothed_ = step == first_ + 1 ? loss : 0.9 * smoothed_ + 0.1 * loss;
+    const double rate = steps_per_second(step);
+    std::ostringstream os;
+    os << "step " << std::setw(5) << step << "/" << total_ << std::fixed << std::setprecision(4) << "  loss "
+       << smoothed_ << std::setprecision(2) << "  " << rate << " steps/s  ETA "
+       << minutes_seconds(static_cast<double>(total_ - step) / rate);
+    if (tty_) {
+      std::cout << "\r\033[K" << bar(step) << " " << os.str() << std::flush;
+    } else if (step == total_ || step % std::max<int64_t>(1, total_ / 20) == 0) {
+      std::cout << os.str() << std::scientific << std::setprecision(2) << "  lr " << lr << "  grad_norm "
+                << grad_norm << std::endl;
+    }
+  }
+
+  // A line of its own, above the progress bar.
+  void message(const std::string& text) const { std::cout << (tty_ ? "\r\033[K" : "") << text << std::endl; }
+  void finish() const {
+    if (tty_) std::cout << "\n";
+  }
+  double steps_per_second(int64_t step) const {
+    const double seconds = std::chrono::duration<double>(Clock::now() - start_).count();
+    return static_cast<double>(step - first_) / std::max(seconds, 1e-9);
+  }
+
+ private:
+  std::string bar(int64_t step) const {
+    constexpr int64_t width = 24;
+    const int64_t filled = width * step / total_;
+    return "[" + std::string(filled, '#') + std::string(width - filled, '.') + "]";
+  }
+
+  bool tty_;
+  int64_t first_, total_;
+  Clock::time_point start_;
+  double smoothed_ = 0;
+};
+
+// train.csv: step, loss, lr, grad_norm, seconds (wall time since the first
+// step, carried on across resumes). A resumed run keeps the rows up to its
+// checkpoint's step and appends after them.
+class TrainCsv {
+ public:
+  TrainCsv(const std::string& path, int64_t resumed_step) {
+    std::vector<std::string> kept;
+    std::ifstream earlier(path);
+    for (std::string row; resumed_step > 0 && std::getline(earlier, row);) {
+      if (row.empty() || !std::isdigit(static_cast<unsigned char>(row[0]))) continue;  // the header
+      if (std::stoll(row) > resumed_step) break;
+      kept.push_back(row);
+      seconds_before_ = std::stod(row.substr(row.rfind(',') + 1));
+    }
+    out_.open(path, std::ios::trunc);
+    TG_CHECK(out_.is_open(), "train_edit_diffusion: cannot write '", path, "'");
+    out_ << "step,loss,lr,grad_norm,seconds\n";
+    for (const std::string& row : kept) out_ << row << "\n";
+  }
+
+  void append(int64_t step, const toy::TrainStepResult& r, double lr) {
+    const double seconds = seconds_before_ + std::chrono::duration<double>(Clock::now() - start_).count();
+    out_ << step << "," << std::setprecision(9) << r.loss << "," << std::setprecision(6) << lr << "," << r.grad_norm
+         << "," << std::fixed << std::setprecision(3) << seconds << std::defaultfloat << "\n";
+    out_.flush();
+  }
+
+ private:
+  std::ofstream out_;
+  double seconds_before_ = 0;
+  Clock::time_point start_ = Clock::now();
+};
+
+// The first kGridExamples held-out edits, sampled by the model, as a PNG grid.
+void write_samples(const toy::EditDiT& model, const Options& o, const std::string& name, const Progress& progress) {
+  const tg::TensorOptions opts{tg::DType::Float32, o.device};
+  const toy::EditBatch batch = toy::make_edit_batch(kHeldOutSeed, 0, kGridExamples, opts);
+  const tg::Tensor noise = toy::normal_noise({kGridExamples, toy::kTokens, toy::kPatchDim}, {kHeldOutNoiseSeed, 0}, opts);
+  const tg::Tensor edited = toy::sample_edit(model, batch.source, batch.edit_mask, batch.colour, noise, o.sample_steps);
+  const std::string path = (fs::path(o.out) / name).string();
+  figures::write_sample_grid(path, batch.source, batch.edit_mask, batch.colour, edited, batch.target);
+  progress.message("wrote " + path + " (rows: input | edit mask in the requested colour | model's edit | target)");
+}
+
+toy::HeldOutPsnr evaluate(const toy::EditDiT& model, const Options& o) {
+  const toy::EditBatch heldout = toy::make_edit_batch(kHeldOutSeed, 0, o.heldout, {tg::DType::Float32, o.device});
+  return toy::evaluate(model, heldout, kHeldOutNoiseSeed, o.sample_steps);
+}
+
+std::string psnr_table(const toy::HeldOutPsnr& psnr, const Options& o) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(2) << "held-out PSNR inside the edit region (" << o.heldout
+     << " edits, held-out seed " << kHeldOutSeed << ", " << o.sample_steps << " Euler steps):\n"
+     << "  model                                   " << std::setw(6) << psnr.model << " dB\n"
+     << "  baseline: copy the input                " << std::setw(6) << psnr.copy_input << " dB\n"
+     << "  baseline: fill with the target's mean   " << std::setw(6) << psnr.mean_colour << " dB";
+  return os.str();
+}
+
+void write_metrics(const toy::HeldOutPsnr& psnr, const Options& o, double steps_per_second) {
+  const nlohmann::ordered_json metrics = {
+      {"steps", o.steps},
+      {"batch", o.batch},
+      {"seed", o.seed},
+      {"heldout_seed", kHeldOutSeed},
+      {"heldout_edits", o.heldout},
+      {"sample_steps", o.sample_steps},
+      {"steps_per_second", steps_per_second},
+      {"psnr_db",
+       {{"model", psnr.model}, {"copy_input", psnr.copy_input}, {"fill_with_target_region_mean", psnr.mean_colour}}}};
+  std::ofstream((fs::path(o.out) / "metrics.json").string()) << metrics.dump(2) << "\n";
+}
+
+int train(const Options& o) {
+  TG_CHECK(o.device == tg::Device::CPU || tg::cuda::is_available(), "train_edit_diffusion: --device cuda, but ",
+           "this build or machine has no GPU");
+  fs::create_directories(o.out);
+  const tg::TensorOptions opts{tg::DType::Float32, o.device};
+  tg::manual_seed(o.seed);
+  toy::EditDiT model({.depth = o.depth, .mlp_ratio = o.mlp_ratio, .attention = o.attention}, opts);
+  tg::optim::AdamW optimizer(model.parameters(), {o.lr, 0.9, 0.999, 1e-8, o.weight_decay});
+  const tg::optim::CosineSchedule schedule(o.lr, o.warmup, o.steps, o.lr / 10);
+  const int64_t start = o.resume.empty() ? 0 : tg::load_checkpoint(o.resume, model, optimizer);
+  TG_CHECK(start < o.steps, "train_edit_diffusion: ", o.resume, " is at step ", start, ", not before --steps ", o.steps);
+
+  int64_t parameters = 0;
+  for (const tg::Tensor& p : model.parameters()) parameters += p.numel();
+  std::cout << "train_edit_diffusion: " << parameters << " parameters (" << o.depth
+            << " DiT blocks, hidden 128, 2 heads of 64), "
+            << (o.attention == tg::AttentionImpl::Fused ? "fused" : "decomposed") << " attention on "
+            << (o.device == tg::Device::CUDA ? "cuda" : "cpu") << "\n  steps " << start + 1 << "-" << o.steps
+            << " of " << o.batch << " edits, AdamW lr " << o.lr << " (warm-up " << o.warmup
+            << ", cosine), seed " << o.seed << " -> " << o.out << "\n";
+
+  TrainCsv csv((fs::path(o.out) / "train.csv").string(), start);
+  Progress progress(start, o.steps);
+  for (int64_t step = start; step < o.steps; ++step) {
+    optimizer.set_lr(schedule.lr(step));
+    const toy::EditBatch batch = toy::make_edit_batch(o.seed, step * o.batch, o.batch, opts);
+    const toy::TrainStepResult r = toy::train_step(model, optimizer, batch, o.max_grad_norm);
+    csv.append(step + 1, r, optimizer.lr());
+    progress.update(step + 1, r.loss, optimizer.lr(), r.grad_norm);
+    if (every(o.sample_every, step + 1) && step + 1 < o.steps)
+      write_samples(model, o, "samples_step" + std::to_string(step + 1) + ".png", progress);
+    if (every(o.eval_every, step + 1) && step + 1 < o.steps)
+      progress.message("step " + std::to_string(step + 1) + ": " + psnr_table(evaluate(model, o), o));
+    if (every(o.checkpoint_every, step + 1)) {
+      const std::string name = "checkpoint_step" + std::to_string(step + 1) + ".safetensors";
+      tg::save_checkpoint((fs::path(o.out) / name).string(), model, optimizer, step + 1);
+    }
+  }
+  const double steps_per_second = progress.steps_per_second(o.steps);
+  progress.finish();
+  std::cout << std::fixed << std::setprecision(2) << "trained " << o.steps - start << " steps at "
+            << steps_per_second << " steps/s\n" << std::defaultfloat;
+
+  tg::save_checkpoint((fs::path(o.out) / "final.safetensors").string(), model, optimizer, o.steps);
+  write_samples(model, o, "samples_final.png", progress);
+  const toy::HeldOutPsnr psnr = evaluate(model, o);
+  std::cout << psnr_table(psnr, o) << "\n";
+  write_metrics(psnr, o, steps_per_second);
+  const std::string plot = (fs::path(o.out) / "loss.png").string();
+  if (figures::plot_loss((fs::path(o.out) / "train.csv").string(), plot)) {
+    std::cout << "wrote " << plot << "\n";
+  } else {
+    std::cout << "gnuplot not found: skipped " << plot << " (apt-get install gnuplot-nox)\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options options;
+  CLI::App app{"Trains the toy edit-diffusion model: recolour the shape inside the edit region."};
+  add_options(app, options);
+  CLI11_PARSE(app, argc, argv);
+  if (app.count("--warmup") == 0) options.warmup = options.steps / 20;
+  try {
+    return train(options);
+  } catch (const tg::Error& e) {
+    std::cerr << "train_edit_diffusion: " << e.what() << "\n";
+    return 1;
+  }
+}
