@@ -65,8 +65,11 @@ Rgb image_pixel(const std::vector<double>& images, int64_t b, int64_t x, int64_t
   return rgb;
 }
 
-// A path inside a gnuplot single-quoted string, where '' stands for '.
+// A path inside a gnuplot single-quoted string, where '' stands for '. A
+// line break would end gnuplot's command (and start another): refused.
 std::string gnuplot_quoted(const std::string& s) {
+  TG_CHECK(s.find_first_of("\n\r") == std::string::npos, "plot_loss: the path '", s,
+           "' holds a line break, which a gnuplot command cannot");
   std::string out = "'";
   for (char ch : s) out += ch == '\'' ? "''" : std::string(1, ch);
   return out + "'";
@@ -111,6 +114,7 @@ void write_sample_grid(const std::string& path, const tg::Tensor& source, const 
 
 bool plot_loss(const std::string& csv_path, const std::string& png_path) {
   if (!on_path("gnuplot")) return false;
+  const std::string png = gnuplot_quoted(png_path), csv = gnuplot_quoted(csv_path);
   FILE* gnuplot = ::popen("gnuplot", "w");
   TG_CHECK(gnuplot != nullptr, "plot_loss: cannot start gnuplot");
   // The second curve is an exponential moving average, s <- 0.9 s + 0.1 loss.
@@ -127,7 +131,7 @@ bool plot_loss(const std::string& csv_path, const std::string& png_path) {
                "plot %s skip 1 using 1:2 with lines lc rgb '#b8c8e0' title 'per step', \\\n"
                "     '' skip 1 using 1:(s = ($0 == 0 ? $2 : 0.9 * s + 0.1 * $2)) with lines lw 2 lc rgb '#1f4e9a' "
                "title 'moving average'\n",
-               gnuplot_quoted(png_path).c_str(), gnuplot_quoted(csv_path).c_str());
+               png.c_str(), csv.c_str());
   const int status = ::pclose(gnuplot);
   TG_CHECK(status == 0, "plot_loss: gnuplot failed (status ", status, ") plotting '", csv_path, "'");
   return true;

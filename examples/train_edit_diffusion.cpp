@@ -1,12 +1,15 @@
 // The main demo: trains the toy edit-diffusion model of models/edit_model.h
 // ("recolour the shape inside the edit region to colour k") and shows what
 // it learnt. Writes into --out: train.csv, loss.png, sample grids
-// (samples_step<N>.png, samples_final.png), final.safetensors (and
-// checkpoint_step<N>.safetensors with --checkpoint-every) and metrics.json,
-// the held-out PSNR inside the edit region of the model and of two baselines.
+// (samples_step<N>.png, samples_final.png), final.safetensors and
+// checkpoint_step<N>.safetensors every --checkpoint-every steps (model,
+// AdamW state, step, generator and the run's options: --resume continues one
+// exactly, and refuses different options) and metrics.json, the held-out
+// PSNR inside the edit region of the model and of two baselines.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -31,6 +34,9 @@ using Clock = std::chrono::steady_clock;
 constexpr uint64_t kHeldOutSeed = 1'000'003;
 constexpr uint64_t kHeldOutNoiseSeed = 1'000'004;
 constexpr int64_t kGridExamples = 6;
+constexpr int64_t kMaxEdits = 1 << 16;  // per batch and held out
+// The checkpoint metadata key of the options a resumed run must share.
+constexpr const char* kOptionsKey = "train_edit_diffusion.options";
 
 struct Options {
   int64_t steps = 240;  // about two minutes on two CPU cores
@@ -48,7 +54,7 @@ struct Options {
   std::string resume;
   int64_t sample_every = 80;
   int64_t eval_every = 0;
-  int64_t checkpoint_every = 0;
+  int64_t checkpoint_every = 80;
   int64_t sample_steps = 20;
   int64_t heldout = 64;
 };
@@ -56,7 +62,7 @@ struct Options {
 void add_options(CLI::App& app, Options& o) {
   app.add_option("--steps", o.steps, "training steps (the length of the cosine schedule)")
       ->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--batch", o.batch, "edits per step")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--batch", o.batch, "edits per step")->check(CLI::Range(int64_t{1}, kMaxEdits))->capture_default_str();
   app.add_option("--lr", o.lr, "peak learning rate of AdamW")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--warmup", o.warmup, "linear warm-up steps (default: 5% of --steps)")->check(CLI::NonNegativeNumber);
   app.add_option("--weight-decay", o.weight_decay, "AdamW's decoupled weight decay")
@@ -77,18 +83,19 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--mlp-ratio", o.mlp_ratio, "the blocks' MLP width over the hidden width 128")
       ->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--out", o.out, "output folder")->capture_default_str();
-  app.add_option("--resume", o.resume, "checkpoint to continue from (same options as the run that wrote it)")
+  app.add_option("--resume", o.resume, "checkpoint to continue from (with the options of the run that wrote it)")
       ->check(CLI::ExistingFile);
   app.add_option("--sample-every", o.sample_every, "steps between sample grids (0: only at the end)")
       ->check(CLI::NonNegativeNumber)->capture_default_str();
   app.add_option("--eval-every", o.eval_every, "steps between held-out evaluations (0: only at the end)")
       ->check(CLI::NonNegativeNumber)->capture_default_str();
-  app.add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoint_step<N>.safetensors (0: none)")
+  app.add_option("--checkpoint-every", o.checkpoint_every,
+                 "steps between checkpoint_step<N>.safetensors (0: only final.safetensors)")
       ->check(CLI::NonNegativeNumber)->capture_default_str();
   app.add_option("--sample-steps", o.sample_steps, "Euler steps of the sampler")
       ->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--heldout", o.heldout, "held-out edits for the PSNR table")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(CLI::Range(int64_t{1}, kMaxEdits))->capture_default_str();
 }
 
 std::string minutes_seconds(double seconds) {
@@ -101,7 +108,8 @@ std::string minutes_seconds(double seconds) {
 bool every(int64_t period, int64_t step) { return period > 0 && step % period == 0; }
 
 // Progress of the training loop: on a terminal one line redrawn in place
-// (step, bar, smoothed loss, steps/s, ETA); otherwise a log line every 5%.
+// (step, bar, the loss's moving average, steps/s, ETA); otherwise a log line
+// every 5%. The per-step losses are in train.csv.
 class Progress {
  public:
   Progress(int64_t first_step, int64_t total_steps)
@@ -111,7 +119,7 @@ class Progress {
     smoothed_ = step == first_ + 1 ? loss : 0.9 * smoothed_ + 0.1 * loss;
     const double rate = steps_per_second(step);
     std::ostringstream os;
-    os << "step " << std::setw(5) << step << "/" << total_ << std::fixed << std::setprecision(4) << "  loss "
+    os << "step " << std::setw(5) << step << "/" << total_ << std::fixed << std::setprecision(4) << "  loss (ema) "
        << smoothed_ << std::setprecision(2) << "  " << rate << " steps/s  ETA "
        << minutes_seconds(static_cast<double>(total_ - step) / rate);
     if (tty_) {
@@ -145,19 +153,34 @@ class Progress {
   double smoothed_ = 0;
 };
 
-// train.csv: step, loss, lr, grad_norm, seconds (wall time since the first
-// step, carried on across resumes). A resumed run keeps the rows up to its
-// checkpoint's step and appends after them.
+// The step and the seconds of a train.csv row "step,loss,lr,grad_norm,seconds".
+std::pair<int64_t, double> parse_row(const std::string& path, int64_t line, const std::string& row) {
+  int64_t step = 0;
+  double seconds = 0;
+  const char* end = row.data() + row.size();
+  const auto [step_end, step_error] = std::from_chars(row.data(), end, step);
+  const auto [seconds_end, seconds_error] = std::from_chars(row.data() + row.rfind(',') + 1, end, seconds);
+  const bool ok = std::count(row.begin(), row.end(), ',') == 4 && step_error == std::errc() && *step_end == ',' &&
+                  seconds_error == std::errc() && seconds_end == end;
+  TG_CHECK(ok, "'", path, "' line ", line, " is not a row of step,loss,lr,grad_norm,seconds: '", row, "'");
+  return {step, seconds};
+}
+
+// train.csv: step, loss, lr, grad_norm, seconds (wall time of the training
+// steps since the first, carried on across resumes). A resumed run keeps the
+// rows up to its checkpoint's step and appends after them.
 class TrainCsv {
  public:
   TrainCsv(const std::string& path, int64_t resumed_step) {
     std::vector<std::string> kept;
     std::ifstream earlier(path);
+    int64_t line = 0;
     for (std::string row; resumed_step > 0 && std::getline(earlier, row);) {
-      if (row.empty() || !std::isdigit(static_cast<unsigned char>(row[0]))) continue;  // the header
-      if (std::stoll(row) > resumed_step) break;
+      if (++line == 1) continue;  // the header
+      const auto [step, seconds] = parse_row(path, line, row);
+      if (step > resumed_step) break;
       kept.push_back(row);
-      seconds_before_ = std::stod(row.substr(row.rfind(',') + 1));
+      seconds_before_ = seconds;
     }
     out_.open(path, std::ios::trunc);
     TG_CHECK(out_.is_open(), "train_edit_diffusion: cannot write '", path, "'");
@@ -165,8 +188,8 @@ class TrainCsv {
     for (const std::string& row : kept) out_ << row << "\n";
   }
 
-  void append(int64_t step, const toy::TrainStepResult& r, double lr) {
-    const double seconds = seconds_before_ + std::chrono::duration<double>(Clock::now() - start_).count();
+  void append(int64_t step, const toy::TrainStepResult& r, double lr, double train_seconds) {
+    const double seconds = seconds_before_ + train_seconds;
     out_ << step << "," << std::setprecision(9) << r.loss << "," << std::setprecision(6) << lr << "," << r.grad_norm
          << "," << std::fixed << std::setprecision(3) << seconds << std::defaultfloat << "\n";
     out_.flush();
@@ -175,7 +198,6 @@ class TrainCsv {
  private:
   std::ofstream out_;
   double seconds_before_ = 0;
-  Clock::time_point start_ = Clock::now();
 };
 
 // The first kGridExamples held-out edits, sampled by the model, as a PNG grid.
@@ -194,6 +216,20 @@ toy::HeldOutPsnr evaluate(const toy::EditDiT& model, const Options& o) {
   return toy::evaluate(model, heldout, kHeldOutNoiseSeed, o.sample_steps);
 }
 
+// loss.png from train.csv; a run whose plot fails still succeeds, saying so.
+void plot(const Options& o) {
+  const std::string png = (fs::path(o.out) / "loss.png").string();
+  try {
+    if (figures::plot_loss((fs::path(o.out) / "train.csv").string(), png)) {
+      std::cout << "wrote " << png << "\n";
+    } else {
+      std::cout << "gnuplot not found: skipped " << png << " (apt-get install gnuplot-nox)\n";
+    }
+  } catch (const tg::Error& e) {
+    std::cout << "no " << png << ": " << e.what() << "\n";
+  }
+}
+
 std::string psnr_table(const toy::HeldOutPsnr& psnr, const Options& o) {
   std::ostringstream os;
   os << std::fixed << std::setprecision(2) << "held-out PSNR inside the edit region (" << o.heldout
@@ -202,6 +238,43 @@ std::string psnr_table(const toy::HeldOutPsnr& psnr, const Options& o) {
      << "  baseline: copy the input                " << std::setw(6) << psnr.copy_input << " dB\n"
      << "  baseline: fill with the target's mean   " << std::setw(6) << psnr.mean_colour << " dB";
   return os.str();
+}
+
+// The options a resumed run must share with the run that wrote its
+// checkpoint (where and how the attention runs may change).
+nlohmann::ordered_json training_options(const Options& o) {
+  return {{"steps", o.steps},   {"batch", o.batch},   {"lr", o.lr},
+          {"warmup", o.warmup}, {"weight_decay", o.weight_decay}, {"max_grad_norm", o.max_grad_norm},
+          {"seed", o.seed},     {"depth", o.depth},   {"mlp_ratio", o.mlp_ratio}};
+}
+
+// Refuses a checkpoint written with other training options, naming each.
+void check_same_options(const Options& o) {
+  const tg::safetensors::Metadata metadata = tg::safetensors::load_file(o.resume).metadata;
+  const auto saved = metadata.find(kOptionsKey);
+  TG_CHECK(saved != metadata.end(), "--resume '", o.resume, "' was not written by train_edit_diffusion (no '",
+           kOptionsKey, "' metadata)");
+  const nlohmann::json theirs = nlohmann::json::parse(saved->second, nullptr, false);
+  const nlohmann::ordered_json options = training_options(o);
+  std::string differences;
+  for (const auto& [key, ours] : options.items()) {
+    const auto it = theirs.is_object() ? theirs.find(key) : theirs.end();
+    if (theirs.is_object() && it != theirs.end() && *it == ours) continue;
+    std::string flag = "--" + key;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    differences += " " + flag + " " + ours.dump() + " (checkpoint: " +
+                   (theirs.is_object() && it != theirs.end() ? it->dump() : std::string("missing")) + ")";
+  }
+  TG_CHECK(differences.empty(), "--resume '", o.resume, "' was written with other options; this run has",
+           differences);
+}
+
+// Creates --out, or says why it cannot.
+void make_out_folder(const std::string& out) {
+  std::error_code error;
+  fs::create_directories(out, error);
+  TG_CHECK(!error && fs::is_directory(out), "--out '", out, "' cannot be a folder: ",
+           error ? error.message() : std::string("a file of that name exists"));
 }
 
 void write_metrics(const toy::HeldOutPsnr& psnr, const Options& o, double steps_per_second) {
@@ -215,20 +288,26 @@ void write_metrics(const toy::HeldOutPsnr& psnr, const Options& o, double steps_
       {"steps_per_second", steps_per_second},
       {"psnr_db",
        {{"model", psnr.model}, {"copy_input", psnr.copy_input}, {"fill_with_target_region_mean", psnr.mean_colour}}}};
-  std::ofstream((fs::path(o.out) / "metrics.json").string()) << metrics.dump(2) << "\n";
+  const std::string path = (fs::path(o.out) / "metrics.json").string();
+  std::ofstream file(path);
+  file << metrics.dump(2) << "\n";
+  TG_CHECK(file.good(), "cannot write '", path, "'");
 }
 
 int train(const Options& o) {
-  TG_CHECK(o.device == tg::Device::CPU || tg::cuda::is_available(), "train_edit_diffusion: --device cuda, but ",
-           "this build or machine has no GPU");
-  fs::create_directories(o.out);
+  TG_CHECK(o.device == tg::Device::CPU || tg::cuda::is_available(),
+           "--device cuda, but this build or machine has no GPU");
+  TG_CHECK(o.warmup <= o.steps, "--warmup ", o.warmup, " must be at most --steps ", o.steps);
   const tg::TensorOptions opts{tg::DType::Float32, o.device};
   tg::manual_seed(o.seed);
   toy::EditDiT model({.depth = o.depth, .mlp_ratio = o.mlp_ratio, .attention = o.attention}, opts);
   tg::optim::AdamW optimizer(model.parameters(), {o.lr, 0.9, 0.999, 1e-8, o.weight_decay});
   const tg::optim::CosineSchedule schedule(o.lr, o.warmup, o.steps, o.lr / 10);
+  if (!o.resume.empty()) check_same_options(o);
   const int64_t start = o.resume.empty() ? 0 : tg::load_checkpoint(o.resume, model, optimizer);
-  TG_CHECK(start < o.steps, "train_edit_diffusion: ", o.resume, " is at step ", start, ", not before --steps ", o.steps);
+  TG_CHECK(start < o.steps, "--resume '", o.resume, "' is at step ", start, ": that run is finished (--steps ", o.steps, ")");
+  make_out_folder(o.out);
+  const tg::safetensors::Metadata run_options{{kOptionsKey, training_options(o).dump()}};
 
   int64_t parameters = 0;
   for (const tg::Tensor& p : model.parameters()) parameters += p.numel();
@@ -241,37 +320,36 @@ int train(const Options& o) {
 
   TrainCsv csv((fs::path(o.out) / "train.csv").string(), start);
   Progress progress(start, o.steps);
+  double train_seconds = 0;  // the training steps alone, without sampling, evaluation and saving
   for (int64_t step = start; step < o.steps; ++step) {
     optimizer.set_lr(schedule.lr(step));
+    const auto t0 = Clock::now();
     const toy::EditBatch batch = toy::make_edit_batch(o.seed, step * o.batch, o.batch, opts);
     const toy::TrainStepResult r = toy::train_step(model, optimizer, batch, o.max_grad_norm);
-    csv.append(step + 1, r, optimizer.lr());
+    train_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    csv.append(step + 1, r, optimizer.lr(), train_seconds);
     progress.update(step + 1, r.loss, optimizer.lr(), r.grad_norm);
-    if (every(o.sample_every, step + 1) && step + 1 < o.steps)
+    const bool last = step + 1 == o.steps;
+    if (every(o.sample_every, step + 1) && !last)
       write_samples(model, o, "samples_step" + std::to_string(step + 1) + ".png", progress);
-    if (every(o.eval_every, step + 1) && step + 1 < o.steps)
+    if (every(o.eval_every, step + 1) && !last)
       progress.message("step " + std::to_string(step + 1) + ": " + psnr_table(evaluate(model, o), o));
-    if (every(o.checkpoint_every, step + 1)) {
+    if (every(o.checkpoint_every, step + 1) && !last) {
       const std::string name = "checkpoint_step" + std::to_string(step + 1) + ".safetensors";
-      tg::save_checkpoint((fs::path(o.out) / name).string(), model, optimizer, step + 1);
+      tg::save_checkpoint((fs::path(o.out) / name).string(), model, optimizer, step + 1, run_options);
     }
   }
-  const double steps_per_second = progress.steps_per_second(o.steps);
+  const double steps_per_second = static_cast<double>(o.steps - start) / std::max(train_seconds, 1e-9);
   progress.finish();
   std::cout << std::fixed << std::setprecision(2) << "trained " << o.steps - start << " steps at "
-            << steps_per_second << " steps/s\n" << std::defaultfloat;
+            << steps_per_second << " steps/s (training steps alone)\n" << std::defaultfloat;
 
-  tg::save_checkpoint((fs::path(o.out) / "final.safetensors").string(), model, optimizer, o.steps);
+  tg::save_checkpoint((fs::path(o.out) / "final.safetensors").string(), model, optimizer, o.steps, run_options);
   write_samples(model, o, "samples_final.png", progress);
   const toy::HeldOutPsnr psnr = evaluate(model, o);
   std::cout << psnr_table(psnr, o) << "\n";
   write_metrics(psnr, o, steps_per_second);
-  const std::string plot = (fs::path(o.out) / "loss.png").string();
-  if (figures::plot_loss((fs::path(o.out) / "train.csv").string(), plot)) {
-    std::cout << "wrote " << plot << "\n";
-  } else {
-    std::cout << "gnuplot not found: skipped " << plot << " (apt-get install gnuplot-nox)\n";
-  }
+  plot(o);
   return 0;
 }
 
@@ -285,8 +363,8 @@ int main(int argc, char** argv) {
   if (app.count("--warmup") == 0) options.warmup = options.steps / 20;
   try {
     return train(options);
-  } catch (const tg::Error& e) {
-    std::cerr << "train_edit_diffusion: " << e.what() << "\n";
+  } catch (const std::exception& e) {  // tg::Error, and what the standard library throws (e.g. std::bad_alloc)
+    std::cerr << "\ntrain_edit_diffusion: " << e.what() << "\n";
     return 1;
   }
 }

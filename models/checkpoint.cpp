@@ -300,17 +300,20 @@ void append_prefixed(StateDict& out, const std::string& prefix, const StateDict&
 }  // namespace
 
 void save_checkpoint(const std::string& path, const nn::Module& model, const optim::Optimizer& optimizer,
-                     int64_t step) {
+                     int64_t step, const safetensors::Metadata& extra) {
   TG_CHECK(step >= 0, "save_checkpoint: step must be >= 0, got ", step);
   StateDict tensors;
   append_prefixed(tensors, "model.", model.state_dict());
   append_prefixed(tensors, "optimizer.", optimizer.state_dict());
   const PhiloxState rng = default_generator().state();
-  safetensors::save_file(tensors, path,
-                         {{"format", kCheckpointFormat},
-                          {"step", std::to_string(step)},
-                          {"rng_seed", std::to_string(rng.seed)},
-                          {"rng_offset", std::to_string(rng.offset)}});
+  safetensors::Metadata metadata{{"format", kCheckpointFormat},
+                                 {"step", std::to_string(step)},
+                                 {"rng_seed", std::to_string(rng.seed)},
+                                 {"rng_offset", std::to_string(rng.offset)}};
+  for (const auto& [key, value] : extra)
+    TG_CHECK(metadata.emplace(key, value).second, "save_checkpoint: extra metadata key '", key,
+             "' is one the checkpoint writes itself");
+  safetensors::save_file(tensors, path, metadata);
 }
 
 int64_t load_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer& optimizer) {

@@ -43,10 +43,11 @@ namespace tg {
 // entry of the model's state_dict, "optimizer.<key>" for the optimizer's
 // (step counts and moments), and metadata "format" =
 // "tapegrad.training_checkpoint.v1", "step", and "rng_seed" / "rng_offset",
-// tg::default_generator()'s state, as decimal strings. With the same model
-// and optimizer options, training resumes bit for bit.
+// tg::default_generator()'s state, as decimal strings, plus the caller's
+// `extra` metadata (e.g. the options of the run; its keys may not be those
+// four). With the same model and optimizer options, training resumes bit for bit.
 void save_checkpoint(const std::string& path, const nn::Module& model, const optim::Optimizer& optimizer,
-                     int64_t step);
+                     int64_t step, const safetensors::Metadata& extra = {});
 
 // Restores the model, the optimizer and the generator; returns the step. On
 // error the model and the optimizer are as they were.

@@ -29,8 +29,14 @@ struct ExampleSpec {
   std::array<double, 3> background;      // in [-1, 1]
 };
 
+// The data's Philox key: the stream's seed with its top bit set, so no
+// example shares a key with the global generator that manual_seed(seed)
+// starts (its draws for t, the noise and the initialisation would otherwise
+// be the uniforms of some example: data and training noise correlated).
+constexpr uint64_t kDataKey = 0xD1B54A32D192ED03ull;
+
 ExampleSpec draw_example(uint64_t seed, int64_t index) {
-  const PhiloxState state{seed, static_cast<uint64_t>(index)};
+  const PhiloxState state{seed ^ kDataKey, static_cast<uint64_t>(index)};
   auto u = [&](int64_t draw) { return static_cast<double>(philox_uniform(state, draw)); };
   ExampleSpec s;
   s.shape = static_cast<ShapeKind>(static_cast<int>(u(0) * 3));
@@ -74,6 +80,7 @@ EditBatch make_edit_batch(uint64_t seed, int64_t first_index, int64_t count, Ten
   TG_CHECK(first_index >= 0 && count > 0, "make_edit_batch: need first_index >= 0 and count > 0, got first_index ",
            first_index, " and count ", count);
   constexpr int64_t pixels = kImageSize * kImageSize;
+  checked_numel("make_edit_batch", {count, kChannels, kImageSize, kImageSize});  // a clear error, not an overflow
   std::vector<double> source(count * kChannels * pixels), target(source.size()), mask(count * kTokens, 0.0);
   EditBatch batch;
   for (int64_t b = 0; b < count; ++b) {

@@ -62,12 +62,15 @@ TrainStepResult train_step(EditDiT& model, optim::Optimizer& optimizer, const Ed
 
 // The edit, sampled with `steps` Euler steps of dx/dt = v from t = 1 (x =
 // `noise` [B,64,48] inside the region) to t = 0; tokens outside the region
-// stay the source's, bit for bit. Returns images [B,3,32,32] (not clamped).
+// stay the source's, bit for bit, while the velocities are finite (each step
+// adds mask * v dt, and 0 * inf is NaN). Returns images [B,3,32,32] (not clamped).
 Tensor sample_edit(const EditDiT& model, const Tensor& source, const Tensor& edit_mask,
                    const std::vector<int64_t>& colour, const Tensor& noise, int64_t steps);
 
 // PSNR in dB (peak-to-peak 2, as images span [-1, 1]) of the pixels inside
-// the edit region, pooled over the batch: 10 log10(4 / MSE).
+// the edit region, pooled over the batch: 10 log10(4 / MSE), of the images as
+// given (evaluate scores the sampler's output unclamped: clamping to [-1, 1]
+// could only raise it).
 double region_psnr(const Tensor& images, const Tensor& target, const Tensor& edit_mask);
 
 // The baseline that fills the edit region with the mean colour of the

@@ -257,6 +257,20 @@ TEST_CASE("checkpoint/training resumes bit for bit") {
   CHECK(keys_of(st::load_file(path).tensors).front() == "model.embed.weight");
 }
 
+TEST_CASE("checkpoint/extra metadata is saved beside the checkpoint's own; its keys cannot replace them") {
+  tg::manual_seed(13);
+  nn::Linear layer(3, 2);
+  optim::SGD sgd(layer.parameters(), {.lr = 0.1});
+  const std::string path = temp_path("extra.safetensors");
+  tg::save_checkpoint(path, layer, sgd, 5, {{"run.options", "{\"batch\": 4}"}});
+  const st::File file = st::load_file(path);
+  CHECK(file.metadata.at("run.options") == "{\"batch\": 4}");
+  CHECK(file.metadata.at("step") == "5");
+  CHECK(error_of([&] { tg::save_checkpoint(path, layer, sgd, 6, {{"step", "7"}}); }) ==
+        "save_checkpoint: extra metadata key 'step' is one the checkpoint writes itself");
+  CHECK(st::load_file(path).metadata.at("step") == "5");  // the refused save wrote nothing
+}
+
 TEST_CASE("checkpoint/load_checkpoint errors leave the model and the optimizer as they were") {
   const std::string path = temp_path("other.safetensors");
   nn::Linear small(3, 2);

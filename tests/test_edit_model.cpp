@@ -238,6 +238,7 @@ TEST_CASE("toy/evaluate scores the sampled edits and both baselines on the held-
 TEST_CASE("toy/errors name the function, the argument and the shapes") {
   CHECK(error_of([] { toy::make_edit_batch(1, 0, 0); }) ==
         "make_edit_batch: need first_index >= 0 and count > 0, got first_index 0 and count 0");
+  CHECK(contains(error_of([] { toy::make_edit_batch(1, 0, int64_t{1} << 52); }), "make_edit_batch"));  // no overflow
   CHECK(error_of([] { toy::palette_colour(6); }) == "palette_colour: colour index must be in [0, 6), got 6");
   CHECK(error_of([] { toy::EditDiT({.hidden = 32, .heads = 2, .depth = 0}); }) ==
         "EditDiT: depth must be positive, got 0");
