@@ -15,11 +15,11 @@ thread_local bool grad_enabled = true;
 thread_local BackwardObserver observer;
 std::atomic<int64_t> node_count{0};
 
-// A gradient nothing else references (its tensor and its storage held only
-// here) can become .grad() itself instead of being copied.
-bool can_steal(const Tensor& g) {
-  return g.impl().use_count() == 1 && g.impl()->storage.use_count() == 1 && g.is_contiguous() && !g.requires_grad();
-}
+// Nothing but this one reference holds the tensor or its storage.
+bool held_only_here(const std::shared_ptr<TensorImpl>& t) { return t.use_count() == 1 && t->storage.use_count() == 1; }
+
+// A gradient nothing else references can become .grad() itself instead of being copied.
+bool can_steal(const Tensor& g) { return held_only_here(g.impl()) && g.is_contiguous() && !g.requires_grad(); }
 
 // leaf.grad += g, under the leaf's lock (threads may share a leaf). As in
 // PyTorch, the sum is written in place only when nobody else holds .grad();
@@ -27,7 +27,7 @@ bool can_steal(const Tensor& g) {
 // it was (a reader on another thread never sees a half-written sum).
 void accumulate_into_leaf(TensorImpl& leaf, Tensor g) {
   std::lock_guard<std::mutex> lock(leaf.grad_mutex);
-  if (leaf.grad && leaf.grad.use_count() == 1 && leaf.grad->storage.use_count() == 1) {
+  if (leaf.grad && held_only_here(leaf.grad)) {
     Tensor(leaf.grad).add_(g);
   } else if (leaf.grad) {
     leaf.grad = add(Tensor(leaf.grad), g).impl();

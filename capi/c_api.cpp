@@ -9,6 +9,7 @@
 
 #include "core/cuda.h"
 #include "core/error.h"
+#include "ops/copy.h"
 #include "ops/fused_attention.h"
 
 namespace {
@@ -28,13 +29,6 @@ Sizes check_sizes(int64_t B, int64_t S, int64_t C, int64_t H, int64_t M) {
   TG_CHECK(C % H == 0, op, ": hidden ", C, " is not divisible by heads ", H);
   TG_CHECK(S <= M, op, ": seq_len ", S, " exceeds max_positions ", M);
   return {B, S, C, H, M};
-}
-
-// The two buffers share a byte.
-bool overlaps(const tg::Tensor& a, const tg::Tensor& b) {
-  const auto* a0 = static_cast<const char*>(a.raw_data());
-  const auto* b0 = static_cast<const char*>(b.raw_data());
-  return a0 < b0 + b.numel() * 4 && b0 < a0 + a.numel() * 4;
 }
 
 tg::Tensor on_device(const float* p, const tg::Shape& shape) {
@@ -83,7 +77,7 @@ void run(const float* const* in, float scale, float p, Sizes z, float* const* ou
   const std::vector<tg::Tensor> ins = tg::fused::inputs_of(x), outs = tg::fused::outputs_of(g);
   for (size_t o = 0; o < outs.size(); ++o)
     for (size_t i = 0; i < ins.size(); ++i)
-      TG_CHECK(!overlaps(outs[o], ins[i]), op, ": output ", o, " overlaps input ", i, " (inputs must not change)");
+      TG_CHECK(!tg::bytes_overlap(outs[o], ins[i]), op, ": output ", o, " overlaps input ", i, " (inputs must not change)");
   const tg::cuda::StreamGuard guard(stream);
   tg::fused::region_attention_backward_into(
       x, scale, p, precision == TG_PRECISION_HIGH ? tg::MatmulPrecision::High : tg::MatmulPrecision::Highest, g);

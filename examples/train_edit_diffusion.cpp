@@ -250,7 +250,7 @@ nlohmann::ordered_json training_options(const Options& o) {
 
 // Refuses a checkpoint written with other training options, naming each.
 void check_same_options(const Options& o) {
-  const tg::safetensors::Metadata metadata = tg::safetensors::load_file(o.resume).metadata;
+  const tg::safetensors::Metadata metadata = tg::safetensors::load_metadata(o.resume);
   const auto saved = metadata.find(kOptionsKey);
   TG_CHECK(saved != metadata.end(), "--resume '", o.resume, "' was not written by train_edit_diffusion (no '",
            kOptionsKey, "' metadata)");

@@ -227,8 +227,18 @@ void save_file(const StateDict& tensors, const std::string& path, const Metadata
   sync_folder_of(path);
 }
 
-File load_file(const std::string& path, Device device) {
-  std::ifstream in(path, std::ios::binary);
+namespace {
+
+// A file's checked header: its metadata, its tensors' entries and where the data starts.
+struct Header {
+  Metadata metadata;
+  std::vector<Entry> entries;
+  uint64_t data_start;
+};
+
+// Opens `path` and reads and checks its header; `in` is left open for the data.
+Header read_header(std::ifstream& in, const std::string& path) {
+  in.open(path, std::ios::binary);
   TG_CHECK(in, "safetensors: cannot open '", path, "'");
   in.seekg(0, std::ios::end);
   const std::streamoff end = in.tellg();
@@ -244,34 +254,46 @@ File load_file(const std::string& path, Device device) {
   std::string text(header_bytes, '\0');
   in.read(text.data(), static_cast<std::streamsize>(header_bytes));
   TG_CHECK(in, "safetensors: '", path, "': cannot read the header");
-  Json header;
+  Json json;
   try {
-    header = Json::parse(text);
+    json = Json::parse(text);
   } catch (const Json::exception& e) {
     TG_FAIL("safetensors: '", path, "': the header is not valid JSON (", e.what(), ")");
   }
   const HeaderChecker checker(path, file_bytes - 8 - header_bytes);
-  TG_CHECK(header.is_object(), checker.file(), ": the header must be a JSON object, got ", header.type_name());
+  TG_CHECK(json.is_object(), checker.file(), ": the header must be a JSON object, got ", json.type_name());
 
-  File file;
-  std::vector<Entry> entries;
-  for (const auto& [key, value] : header.items()) {
+  Header header{{}, {}, 8 + header_bytes};
+  for (const auto& [key, value] : json.items()) {
     if (key == "__metadata__") {
-      file.metadata = checker.metadata(value);
+      header.metadata = checker.metadata(value);
     } else {
-      entries.push_back(checker.entry(key, value));
+      header.entries.push_back(checker.entry(key, value));
     }
   }
-  checker.check_disjoint(entries);
+  checker.check_disjoint(header.entries);
+  return header;
+}
 
-  for (const Entry& e : entries) {
+}  // namespace
+
+File load_file(const std::string& path, Device device) {
+  std::ifstream in;
+  Header header = read_header(in, path);
+  File file{{}, std::move(header.metadata)};
+  for (const Entry& e : header.entries) {
     Tensor t = empty(e.shape, {e.dtype, Device::CPU});
-    in.seekg(static_cast<std::streamoff>(8 + header_bytes + e.begin));
+    in.seekg(static_cast<std::streamoff>(header.data_start + e.begin));
     in.read(static_cast<char*>(t.raw_data()), static_cast<std::streamsize>(e.end - e.begin));
-    TG_CHECK(in, checker.file(), ": tensor '", e.name, "': cannot read its data");
+    TG_CHECK(in, "safetensors: '", path, "': tensor '", e.name, "': cannot read its data");
     file.tensors.emplace_back(e.name, t.to(device));
   }
   return file;
+}
+
+Metadata load_metadata(const std::string& path) {
+  std::ifstream in;
+  return read_header(in, path).metadata;
 }
 
 }  // namespace tg::safetensors

@@ -34,6 +34,8 @@ struct File {
 // format's own limit); data sections may have holes between tensors, but
 // tensors may not overlap.
 File load_file(const std::string& path, Device device = Device::CPU);
+// The metadata alone, from a header checked as load_file checks it (the data is not read).
+Metadata load_metadata(const std::string& path);
 
 }  // namespace tg::safetensors
 

@@ -1,6 +1,7 @@
 #include "models/optim.h"
 
 #include <cmath>
+#include <map>
 #include <numbers>
 #include <set>
 
@@ -186,8 +187,16 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
     TG_CHECK(params[i].defined(), "clip_grad_norm_: parameter ", i, " is an undefined tensor");
     if (params[i].grad().defined()) grads.push_back(params[i].grad());
   }
+  // The sum of squares per device, in float64, read back once per device
+  // rather than once per parameter (each read is a device synchronisation).
+  std::map<Device, Tensor> per_device;
+  for (const Tensor& g : grads) {
+    const Tensor squares = sum(mul(g, g)).to(DType::Float64);
+    Tensor& total = per_device[g.device()];
+    total = total.defined() ? add(total, squares) : squares;
+  }
   double sum_of_squares = 0;
-  for (const Tensor& g : grads) sum_of_squares += sum(mul(g, g)).item();
+  for (const auto& [device, total] : per_device) sum_of_squares += total.item();
   const double total_norm = std::sqrt(sum_of_squares);
   const double clip_coef = max_norm / (total_norm + 1e-6);
   if (!(clip_coef >= 1))  // also when NaN, as PyTorch's clamp(max=1) lets NaN through

@@ -19,15 +19,6 @@ std::pair<const char*, const char*> byte_range(const Tensor& t) {
   return {base + s.begin * elem, base + s.end * elem};
 }
 
-// dst and src lie on one device and their bytes intersect (one Storage, or
-// two tensors over the same external buffer).
-bool overlap(const Tensor& dst, const Tensor& src) {
-  if (dst.device() != src.device() || dst.numel() == 0 || src.numel() == 0) return false;
-  const auto [a0, a1] = byte_range(dst);
-  const auto [b0, b1] = byte_range(src);
-  return a0 < b1 && b0 < a1;
-}
-
 // A contiguous copy of x on its device.
 Tensor copy_of(const Tensor& x) {
   Tensor out = empty(x.shape(), {x.dtype(), x.device()});
@@ -43,7 +34,7 @@ void copy_into(const Tensor& dst, const Tensor& src_in) {
   TG_CHECK(dst.shape() == src_in.shape(), "copy_: destination ", dst.shape(), " and source ", src_in.shape(),
            " differ in shape");
   // A source that overlaps the destination would be read after being partly overwritten.
-  const Tensor src = overlap(dst, src_in) ? copy_of(src_in) : src_in;
+  const Tensor src = bytes_overlap(dst, src_in) ? copy_of(src_in) : src_in;
   if (dst.device() == src.device()) {
     TG_DISPATCH_DEVICE(dst, CopyKernels, copy_strided, dst, src);
     return;
@@ -65,6 +56,13 @@ void copy_into(const Tensor& dst, const Tensor& src_in) {
 void fill_into(const Tensor& dst, double value) { TG_DISPATCH_DEVICE(dst, CopyKernels, fill, dst, value); }
 
 Tensor materialize(const Tensor& x) { return x.is_contiguous() ? x : copy_of(x); }
+
+bool bytes_overlap(const Tensor& a, const Tensor& b) {
+  if (a.device() != b.device() || a.numel() == 0 || b.numel() == 0) return false;
+  const auto [a0, a1] = byte_range(a);
+  const auto [b0, b1] = byte_range(b);
+  return a0 < b1 && b0 < a1;
+}
 
 Tensor clone(const Tensor& x) {
   check_defined("clone", "x", x);

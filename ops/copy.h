@@ -12,4 +12,9 @@ Tensor clone(const Tensor& x);
 Tensor cast(const Tensor& x, DType dtype);
 Tensor to_device(const Tensor& x, Device device);
 
+// a and b lie on one device and some byte is in both (one Storage, or two
+// tensors over the same external buffer). copy_ reads such a source through
+// a copy; the C API refuses outputs that overlap inputs.
+bool bytes_overlap(const Tensor& a, const Tensor& b);
+
 }  // namespace tg

@@ -266,6 +266,7 @@ TEST_CASE("checkpoint/extra metadata is saved beside the checkpoint's own; its k
   const st::File file = st::load_file(path);
   CHECK(file.metadata.at("run.options") == "{\"batch\": 4}");
   CHECK(file.metadata.at("step") == "5");
+  CHECK(st::load_metadata(path) == file.metadata);  // the header alone says the same
   CHECK(error_of([&] { tg::save_checkpoint(path, layer, sgd, 6, {{"step", "7"}}); }) ==
         "save_checkpoint: extra metadata key 'step' is one the checkpoint writes itself");
   CHECK(st::load_file(path).metadata.at("step") == "5");  // the refused save wrote nothing
