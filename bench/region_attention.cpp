@@ -14,7 +14,7 @@
 // [B,H,S,S] tensor + the 64 MiB dE write + eight [B,S,C] tensors + the
 // weights.
 //
-// Usage: region_attention [--json FILE] [--cases N]
+// Usage: region_attention [--json FILE] [--cases N | --case K...] [--high-only]
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -73,8 +73,14 @@ int main(int argc, char** argv) {
   std::string json_path;
   size_t n_cases = std::size(kCases);
   app.add_option("--json", json_path, "write the results here");
+  std::vector<size_t> only;
+  bool high_only = false;
   app.add_option("--cases", n_cases, "run only the first N cases")->check(CLI::Range(size_t(1), n_cases));
+  app.add_option("--case", only, "run only these cases (1 = the first)")->check(CLI::Range(size_t(1), n_cases));
+  app.add_flag("--high-only", high_only, "time fused \"high\" alone (for profiling)");
   CLI11_PARSE(app, argc, argv);
+  if (only.empty())
+    for (size_t k = 1; k <= n_cases; ++k) only.push_back(k);
   if (!tgbench::cuda_present("region_attention")) return 1;
   tg::manual_seed(0);
   tgbench::Timer timer;
@@ -82,8 +88,8 @@ int main(int argc, char** argv) {
   std::printf("ceilings: copy %.0f GB/s, TF32 GEMM %.1f TFLOP/s, fp32 GEMM %.1f TFLOP/s\n", ceil.copy_gbs,
               ceil.tf32_tflops, ceil.fp32_tflops);
   std::vector<Row> rows;
-  for (size_t k = 0; k < n_cases; ++k) {
-    const Case c = kCases[k];
+  for (const size_t k : only) {
+    const Case c = kCases[k - 1];
     const tgtest::Spec spec{c.B, c.S};
     const tg::fused::BackwardInputs in = tgtest::make_backward_inputs(spec);
     const double scale = 1 / std::sqrt(64.0);
@@ -91,8 +97,9 @@ int main(int argc, char** argv) {
     auto fused = [&](tg::MatmulPrecision precision) {
       return 1e3 * timer.median_ms([&] { tg::fused::region_attention_backward_into(in, scale, spec.p, precision, out); });
     };
-    Row r{c, floor_us(c, ceil), fused(tg::MatmulPrecision::High), fused(tg::MatmulPrecision::Highest), 0};
-    {
+    Row r{c, floor_us(c, ceil), fused(tg::MatmulPrecision::High), 0, 0};
+    if (!high_only) {
+      r.highest_us = fused(tg::MatmulPrecision::Highest);
       const DecomposedGraph g = decomposed_graph(in, spec.p);
       r.decomposed_us = 1e3 * timer.median_ms([&] { g.y.backward(in.grad_output, /*retain_graph=*/true); },
                                               [&] {

@@ -32,12 +32,23 @@ __device__ __forceinline__ void mma_16x8x8(float (&d)[4], const uint32_t (&a)[4]
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// "high": one TF32 product per tile.
+// "high": one TF32 product per tile. Operands staged in shared memory (read
+// by many products) are rounded once when they land, so their fragments need
+// no conversion (make_staged).
 struct Tf32 {
+  static constexpr bool kRoundsStaged = true;
   template <int N>
   struct Frag {
     uint32_t big[N];
   };
+  __device__ __forceinline__ static float stage(float x) { return __uint_as_float(to_tf32(x)); }
+  template <int N>
+  __device__ __forceinline__ static Frag<N> make_staged(const float (&v)[N]) {
+    Frag<N> f;
+#pragma unroll
+    for (int i = 0; i < N; ++i) f.big[i] = __float_as_uint(v[i]);
+    return f;
+  }
   template <int N>
   __device__ __forceinline__ static Frag<N> make(const float (&v)[N]) {
     Frag<N> f;
@@ -50,8 +61,10 @@ struct Tf32 {
   }
 };
 
-// "highest": three TF32 products per tile (the small terms first).
+// "highest": three TF32 products per tile (the small terms first); staged
+// operands keep their full value, which the split needs.
 struct Tf32x3 {
+  static constexpr bool kRoundsStaged = false;
   template <int N>
   struct Frag {
     uint32_t big[N], small[N];
@@ -65,6 +78,10 @@ struct Tf32x3 {
       f.small[i] = to_tf32(v[i] - __uint_as_float(f.big[i]));
     }
     return f;
+  }
+  template <int N>
+  __device__ __forceinline__ static Frag<N> make_staged(const float (&v)[N]) {
+    return make(v);
   }
   __device__ __forceinline__ static void mma(float (&d)[4], const Frag<4>& a, const Frag<2>& b) {
     mma_16x8x8(d, a.small, b.big);
@@ -122,17 +139,11 @@ __device__ __forceinline__ void accumulator_as_a(float (&a)[4], const float (&c)
   a[3] = c[3];
 }
 
-// Within each group of 8, the storage position of k index order expected by
-// accumulator_as_a: position p < 4 holds element 2p, p >= 4 holds 2(p-4) + 1.
-__host__ __device__ __forceinline__ int interleaved_position(int k) {
-  const int base = k & ~7, r = k & 7;
-  return base + ((r & 1) ? 4 + (r >> 1) : (r >> 1));
-}
-
 // acc (16 x 8N) += A (16 x 8K) B (8K x 8N) for one warp: A is rows
 // a_row(r), r in [0, 16), of a row-major shared tile; B is n-tiles n0 ..
-// n0 + 8N - 1 of an n-major shared tile ([n][k]).
-template <class Mma, int K, int N, class RowOf>
+// n0 + 8N - 1 of an n-major shared tile ([n][k]). B is staged (Mma::stage);
+// A too unless kStagedA is false.
+template <class Mma, int K, int N, bool kStagedA = true, class RowOf>
 __device__ __forceinline__ void tile_product(float (&acc)[N][4], const float* a_tile, int a_stride, const RowOf& a_row,
                                              const float* b_tile, int b_stride, int n0, int lane) {
   static_assert(N % 2 == 0, "tile_product: n-tiles go in pairs");
@@ -141,34 +152,37 @@ __device__ __forceinline__ void tile_product(float (&acc)[N][4], const float* a_
   for (int ks = 0; ks < K; ++ks) {
     float a[4];
     load_a(a, a_tile, a_stride, a_row, 8 * ks, lane);
-    const auto A = Mma::make(a);
+    const auto A = kStagedA ? Mma::make_staged(a) : Mma::make(a);
 #pragma unroll
     for (int np = 0; np < N / 2; ++np) {
       float b[2][2];
       load_b_pair(b, b_tile, b_stride, same, n0 + 16 * np, 8 * ks, lane);
-      Mma::mma(acc[2 * np], A, Mma::make(b[0]));
-      Mma::mma(acc[2 * np + 1], A, Mma::make(b[1]));
+      Mma::mma(acc[2 * np], A, Mma::make_staged(b[0]));
+      Mma::mma(acc[2 * np + 1], A, Mma::make_staged(b[1]));
     }
   }
 }
 
 // The same with A an earlier product's accumulators (16 x 8K, k-step s in
-// a_acc[s], see accumulator_as_a): B's k index must be stored interleaved.
+// a_acc[s], see accumulator_as_a) and B a staged k-major shared tile ([k][n],
+// the natural layout of the rows being summed over). In accumulator_as_a's k
+// order, k index t of step s is tile row 8s + 2t and k index t + 4 is row
+// 8s + 2t + 1, so lane (g, t) reads rows 8s + 2t, 8s + 2t + 1 at column
+// 8n + g: distinct banks when the stride is 4 more than a multiple of 16.
 template <class Mma, int K, int N>
 __device__ __forceinline__ void accumulator_product(float (&acc)[N][4], const float (&a_acc)[K][4], const float* b_tile,
                                                     int b_stride, int lane) {
-  const auto same = [](int r) { return r; };
+  const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int ks = 0; ks < K; ++ks) {
     float a[4];
     accumulator_as_a(a, a_acc[ks]);
     const auto A = Mma::make(a);
+    const float* rows = b_tile + (8 * ks + 2 * t) * b_stride + g;
 #pragma unroll
-    for (int np = 0; np < N / 2; ++np) {
-      float b[2][2];
-      load_b_pair(b, b_tile, b_stride, same, 16 * np, 8 * ks, lane);
-      Mma::mma(acc[2 * np], A, Mma::make(b[0]));
-      Mma::mma(acc[2 * np + 1], A, Mma::make(b[1]));
+    for (int nt = 0; nt < N; ++nt) {
+      const float b[2] = {rows[8 * nt], rows[b_stride + 8 * nt]};
+      Mma::mma(acc[nt], A, Mma::make_staged(b));
     }
   }
 }

@@ -1,6 +1,7 @@
 // The fused attention kernels: the forward (one pass over the keys with an
 // online softmax) and the backward (one pass per key tile over the queries),
-// on TF32 tensor cores (core/mma.cuh). docs/derivations.md derives the math;
+// on TF32 tensor cores (core/mma.cuh), tiles loaded with cp.async
+// (core/async_copy.cuh). docs/derivations.md derives the math;
 // the CPU kernels in fused_attention.cpp run the same algorithm as loops.
 #include <algorithm>
 #include <mutex>
@@ -8,6 +9,7 @@
 #include "core/cuda_context.h"
 #include "core/cuda_loops.cuh"
 #include "core/cuda_reduce.cuh"
+#include "core/async_copy.cuh"
 #include "core/mma.cuh"
 #include "ops/fused_attention_kernels.h"
 
@@ -53,27 +55,69 @@ ScoreArgs score_args(const AttentionInputs& in) {
           in.rng,                     in.p > 0};
 }
 
-// Copies rows row0 .. row0 + n - 1 (zeros past S) of one head into shared
-// memory, as [row][d] (`natural`, may be null) and/or as [d][row]
-// (`transposed`), with each group of 8 rows in mma::interleaved_position order
-// when `interleave`. Lane l of a warp takes row l: the transposed stores then
-// hit distinct banks.
+// Queues the copy of rows row0 .. row0 + n - 1 of one head (zeros past S)
+// into shared memory as [row][d], row stride kStride.
 template <int kThreads>
-__device__ void load_head_tile(const HeadRows<const float>& x, int64_t b, int64_t h, int64_t row0, int n, int64_t S,
-                               float* natural, float* transposed, int transposed_stride, bool interleave) {
+__device__ void copy_head_rows(const HeadRows<const float>& x, int64_t b, int64_t h, int64_t row0, int n, int64_t S,
+                               float* dst) {
+  for (int idx = threadIdx.x; idx < n * (kD / 4); idx += kThreads) {
+    const int r = idx / (kD / 4), c4 = idx % (kD / 4);
+    const bool valid = row0 + r < S;
+    async::copy16(dst + r * kStride + 4 * c4, x.row(b, h, valid ? row0 + r : 0) + 4 * c4, valid);
+  }
+}
+
+// Queues the copy of a kRows x kCols tile of a row-major global matrix (row
+// stride ld) into shared memory (row stride dst_stride); elements at row >=
+// rows or column >= cols become zeros. 16-byte copies where the matrix allows
+// them (ld and the tile's start multiples of 4 floats), else 4-byte copies of
+// consecutive elements by consecutive lanes (one 128-byte span per warp).
+template <int kThreads, int kRows, int kCols>
+__device__ void copy_tile(const float* src, int64_t ld, int64_t rows, int64_t cols, float* dst, int dst_stride) {
+  if (ld % 4 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0) {
+    for (int idx = threadIdx.x; idx < kRows * (kCols / 4); idx += kThreads) {
+      const int r = idx / (kCols / 4), c = 4 * (idx % (kCols / 4));
+      float* to = dst + r * dst_stride + c;
+      if (r >= rows || c + 4 <= cols || c >= cols) {
+        const bool ok = r < rows && c < cols;
+        async::copy16(to, ok ? src + r * ld + c : src, ok);
+      } else {  // the quad that straddles column `cols`
+        for (int x = 0; x < 4; ++x) async::copy4(to + x, c + x < cols ? src + r * ld + c + x : src, c + x < cols);
+      }
+    }
+  } else {
+    for (int idx = threadIdx.x; idx < kRows * kCols; idx += kThreads) {
+      const int r = idx / kCols, c = idx % kCols;
+      const bool ok = r < rows && c < cols;
+      async::copy4(dst + r * dst_stride + c, ok ? src + r * ld + c : src, ok);
+    }
+  }
+}
+
+// Rounds in place (Mma::stage) the quads of a [row][d] tile that this thread
+// copied with copy_head_rows; after its own wait, before the barrier.
+template <class Mma, int kThreads>
+__device__ void stage_head_rows(float* tile, int n) {
+  if constexpr (Mma::kRoundsStaged) {
+    for (int idx = threadIdx.x; idx < n * (kD / 4); idx += kThreads) {
+      float4* q = reinterpret_cast<float4*>(tile + (idx / (kD / 4)) * kStride + 4 * (idx % (kD / 4)));
+      const float4 v = *q;
+      *q = make_float4(Mma::stage(v.x), Mma::stage(v.y), Mma::stage(v.z), Mma::stage(v.w));
+    }
+  }
+}
+
+// [d][row] from a [row][d] shared tile of n rows (stride kStride). Lane l
+// takes row l, so the scalar stores hit distinct banks.
+template <int kThreads>
+__device__ void transpose_rows(const float* natural, int n, float* transposed, int transposed_stride) {
   for (int idx = threadIdx.x; idx < n * (kD / 4); idx += kThreads) {
     const int r = idx % n, c4 = idx / n;
-    const int64_t s = row0 + r;
-    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (s < S) v = *reinterpret_cast<const float4*>(x.row(b, h, s) + 4 * c4);
-    if (natural) *reinterpret_cast<float4*>(natural + r * kStride + 4 * c4) = v;
-    if (transposed) {
-      const int at = interleave ? mma::interleaved_position(r) : r;
-      transposed[(4 * c4 + 0) * transposed_stride + at] = v.x;
-      transposed[(4 * c4 + 1) * transposed_stride + at] = v.y;
-      transposed[(4 * c4 + 2) * transposed_stride + at] = v.z;
-      transposed[(4 * c4 + 3) * transposed_stride + at] = v.w;
-    }
+    const float4 v = *reinterpret_cast<const float4*>(natural + r * kStride + 4 * c4);
+    transposed[(4 * c4 + 0) * transposed_stride + r] = v.x;
+    transposed[(4 * c4 + 1) * transposed_stride + r] = v.y;
+    transposed[(4 * c4 + 2) * transposed_stride + r] = v.z;
+    transposed[(4 * c4 + 3) * transposed_stride + r] = v.w;
   }
 }
 
@@ -100,11 +144,11 @@ __device__ __forceinline__ void pair_keep(const ScoreArgs& sc, int64_t row0, int
 // ---------------------------------------------------------------- forward
 // One CTA per (64 queries, b, h), 4 warps of 16 query rows each; key tiles of
 // 64. Per warp and tile: S = Q K^T (8 n-tiles), the online softmax, dropout,
-// then O += Pd V with Pd's accumulator used directly as the A operand (V is
-// stored transposed with its keys interleaved to match).
+// then O += Pd V with Pd's accumulator used directly as the A operand. K, V
+// and the tile's corner of edit_region_bias arrive together through cp.async.
 
 constexpr int kFwdRows = 64, kFwdKeys = 64, kFwdThreads = 128;
-constexpr int kFwdSmemFloats = 3 * 64 * kStride + 2 * kFwdKeys;
+constexpr int kFwdSmemFloats = 4 * 64 * kStride + 2 * kFwdKeys;
 
 struct ForwardArgs {
   HeadRows<const float> q, k, v;
@@ -118,8 +162,9 @@ __global__ void __launch_bounds__(kFwdThreads) attention_forward_kernel(ForwardA
   extern __shared__ __align__(16) float smem[];
   float* Qs = smem;                     // [query][d]
   float* Ks = Qs + 64 * kStride;        // [key][d]
-  float* Vt = Ks + 64 * kStride;        // [d][key, interleaved]
-  float* key_e = Vt + 64 * kStride;     // e_j
+  float* Vs = Ks + 64 * kStride;        // [key][d]
+  float* Es = Vs + 64 * kStride;        // [query][key]: edit_region_bias[h, i, j]
+  float* key_e = Es + 64 * kStride;     // e_j
   float* key_ok = key_e + kFwdKeys;     // 1 for a key that exists and is not masked
   const ScoreArgs& sc = p.sc;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -130,18 +175,25 @@ __global__ void __launch_bounds__(kFwdThreads) attention_forward_kernel(ForwardA
   const int64_t row_id[2] = {(b * sc.H + h) * sc.S + rows[0], (b * sc.H + h) * sc.S + rows[1]};
   const float w_in = sc.w_in[h], w_x = sc.w_x[h];
   float acc[8][4] = {};
-  load_head_tile<kFwdThreads>(p.q, b, h, q0, kFwdRows, sc.S, Qs, nullptr, 0, false);
+  copy_head_rows<kFwdThreads>(p.q, b, h, q0, kFwdRows, sc.S, Qs);  // waited for with the first key tile
   const auto warp_row = [&](int r) { return 16 * warp + r; };
 
   for (int64_t k0 = 0; k0 < sc.S; k0 += kFwdKeys) {
     __syncthreads();  // the previous tile is no longer read
-    load_head_tile<kFwdThreads>(p.k, b, h, k0, kFwdKeys, sc.S, Ks, nullptr, 0, false);
-    load_head_tile<kFwdThreads>(p.v, b, h, k0, kFwdKeys, sc.S, nullptr, Vt, kStride, true);
+    copy_head_rows<kFwdThreads>(p.k, b, h, k0, kFwdKeys, sc.S, Ks);
+    copy_head_rows<kFwdThreads>(p.v, b, h, k0, kFwdKeys, sc.S, Vs);
+    copy_tile<kFwdThreads, kFwdRows, kFwdKeys>(sc.E + (h * sc.M + q0) * sc.M + k0, sc.M, sc.S - q0, sc.S - k0, Es,
+                                               kStride);
+    async::commit();
     if (threadIdx.x < kFwdKeys) {
       const int64_t j = k0 + threadIdx.x;
       key_e[threadIdx.x] = j < sc.S ? sc.e[b * sc.S + j] : 0.f;
       key_ok[threadIdx.x] = (j < sc.S && sc.a[b * sc.S + j] != 0.f) ? 1.f : 0.f;
     }
+    async::wait<0>();
+    if (k0 == 0) stage_head_rows<Mma, kFwdThreads>(Qs, kFwdRows);
+    stage_head_rows<Mma, kFwdThreads>(Ks, kFwdKeys);
+    stage_head_rows<Mma, kFwdThreads>(Vs, kFwdKeys);
     __syncthreads();
 
     float s[8][4] = {};
@@ -154,10 +206,10 @@ __global__ void __launch_bounds__(kFwdThreads) attention_forward_kernel(ForwardA
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int r = c >> 1, col = 8 * nt + 2 * t + (c & 1);
-        const int64_t i = rows[r], j = k0 + col;
         float x = -INFINITY;
-        if (key_ok[col] != 0.f && i < sc.S)
-          x = attention_score(s[nt][c], sc.scale, sc.E[(h * sc.M + i) * sc.M + j], w_in, w_x, ei[r], key_e[col]);
+        if (key_ok[col] != 0.f && rows[r] < sc.S)
+          x = attention_score(s[nt][c], sc.scale, Es[warp_row(g + 8 * r) * kStride + col], w_in, w_x, ei[r],
+                              key_e[col]);
         s[nt][c] = x;
         tile_max[r] = fmaxf(tile_max[r], x);
       }
@@ -187,7 +239,7 @@ __global__ void __launch_bounds__(kFwdThreads) attention_forward_kernel(ForwardA
       }
     }
 
-    mma::accumulator_product<Mma, 8, 8>(acc, s, Vt, kStride, lane);  // O += Pd V
+    mma::accumulator_product<Mma, 8, 8>(acc, s, Vs, kStride, lane);  // O += Pd V
   }
 
   const int64_t C = sc.H * kD;
@@ -214,10 +266,16 @@ __global__ void __launch_bounds__(kFwdThreads) attention_forward_kernel(ForwardA
 // then dS goes through shared memory for dQ = dS K and the batch sum of dE,
 // both added atomically. A warp's 16 rows are keys 2r and 2r+1 at fragment
 // rows r and r + 8, so a thread's two rows share a Philox group.
+//
+// Loads are cp.async groups, issued ahead of their use: the next tile's Q and
+// dO (double-buffered) at the top of a tile, this tile's S x S inputs (P and
+// Pd, or the edit_region_bias corner) while dPd^T is computed, Pd of the
+// next tile as soon as this one's is read.
 
 constexpr int kBwdKeys = 128, kBwdRows = 64, kBwdThreads = 256;
 constexpr int kBwdSmemFloats = 2 * kBwdKeys * kStride + 2 * kD * kWideStride + 4 * kBwdRows * kStride +
-                               5 * kBwdRows + 2 * kBwdKeys;
+                               4 * kBwdRows + 2 * kBwdKeys;
+static_assert(kBwdRows * kWideStride <= kBwdKeys * kStride, "the Pd tile is staged where K is");
 
 struct BackwardArgs {
   HeadRows<const float> q, k, v;
@@ -238,21 +296,19 @@ __device__ __forceinline__ int key_of_row(int warp, int r) { return 16 * warp + 
 template <class Mma, bool kRead>
 __global__ void __launch_bounds__(kBwdThreads, 1) attention_backward_kernel(BackwardArgs p) {
   extern __shared__ __align__(16) float smem[];
-  float* Ks = smem;                          // [key][d]
+  float* Ks = smem;                          // [key][d]; with kRead, after KTs is made: Pd [query][key]
   float* Vs = Ks + kBwdKeys * kStride;       // [key][d]
   float* KTs = Vs + kBwdKeys * kStride;      // [d][key]
-  float* dSs = KTs + kD * kWideStride;       // [query][key]
-  float* Qs = dSs + kD * kWideStride;        // [query][d]
-  float* QTs = Qs + kBwdRows * kStride;      // [d][query, interleaved]
-  float* dOs = QTs + kBwdRows * kStride;     // [query][d]
-  float* dOTs = dOs + kBwdRows * kStride;    // [d][query, interleaved]
-  float* q_lse = dOTs + kBwdRows * kStride;
+  float* dSs = KTs + kD * kWideStride;       // [query][key]: P (kRead) or E, then dS
+  float* Qs[2] = {dSs + kD * kWideStride, dSs + kD * kWideStride + kBwdRows * kStride};  // [query][d]
+  float* dOs[2] = {Qs[1] + kBwdRows * kStride, Qs[1] + 2 * kBwdRows * kStride};          // [query][d]
+  float* q_lse = dOs[1] + kBwdRows * kStride;
   float* q_delta = q_lse + kBwdRows;
   float* q_e = q_delta + kBwdRows;
-  float* q_ok = q_e + kBwdRows;
-  float* q_rowsum = q_ok + kBwdRows;
+  float* q_rowsum = q_e + kBwdRows;
   float* key_e = q_rowsum + kBwdRows;
   float* key_ok = key_e + kBwdKeys;
+  float* Pds = Ks;
   const ScoreArgs& sc = p.sc;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int64_t b = blockIdx.y / sc.H, h = blockIdx.y % sc.H, bh = blockIdx.y;
@@ -261,47 +317,78 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attention_backward_kernel(Back
   const int64_t C = sc.H * kD;
   const float w_in = sc.w_in[h], w_x = sc.w_x[h];
   constexpr bool recompute = !kRead;
+  const int64_t query_tiles = (sc.S + kBwdRows - 1) / kBwdRows;
+  const HeadRows<const float> dout{p.dout, sc.S * C, kD, C};
+  const auto copy_queries = [&](int64_t qt, int buf) {
+    copy_head_rows<kBwdThreads>(p.q, b, h, qt * kBwdRows, kBwdRows, sc.S, Qs[buf]);
+    copy_head_rows<kBwdThreads>(dout, b, h, qt * kBwdRows, kBwdRows, sc.S, dOs[buf]);
+  };
+  // The tile's [query][key] corner of a [.., S or M, S or M] matrix.
+  const auto copy_scores = [&](const float* m, int64_t ld, int64_t q0, float* dst) {
+    copy_tile<kBwdThreads, kBwdRows, kBwdKeys>(m + q0 * ld + k0, ld, sc.S - q0, sc.S - k0, dst, kWideStride);
+  };
+  const auto probs = [&](const float* m) { return m + bh * sc.S * sc.S; };
 
-  load_head_tile<kBwdThreads>(p.k, b, h, k0, kBwdKeys, sc.S, Ks, KTs, kWideStride, false);
-  load_head_tile<kBwdThreads>(p.v, b, h, k0, kBwdKeys, sc.S, Vs, nullptr, 0, false);
+  copy_head_rows<kBwdThreads>(p.k, b, h, k0, kBwdKeys, sc.S, Ks);
+  copy_head_rows<kBwdThreads>(p.v, b, h, k0, kBwdKeys, sc.S, Vs);
+  copy_queries(split, 0);
+  async::commit();
   if (threadIdx.x < kBwdKeys) {
     const int64_t j = k0 + threadIdx.x;
     key_e[threadIdx.x] = j < sc.S ? sc.e[b * sc.S + j] : 0.f;
     key_ok[threadIdx.x] = (j < sc.S && sc.a[b * sc.S + j] != 0.f) ? 1.f : 0.f;
   }
+  async::wait<0>();
+  stage_head_rows<Mma, kBwdThreads>(Ks, kBwdKeys);
+  stage_head_rows<Mma, kBwdThreads>(Vs, kBwdKeys);
+  __syncthreads();
+  transpose_rows<kBwdThreads>(Ks, kBwdKeys, KTs, kWideStride);
+  if constexpr (kRead) {
+    __syncthreads();  // K is transposed: its space takes the first Pd tile
+    copy_scores(probs(p.Pd), sc.S, split * kBwdRows, Pds);
+    async::commit();
+  }
 
   const int jl[2] = {key_of_row(warp, g), key_of_row(warp, g + 8)};  // this thread's two keys
+  const float ej[2] = {key_e[jl[0]], key_e[jl[1]]};
+  const bool key_valid[2] = {key_ok[jl[0]] != 0.f, key_ok[jl[1]] != 0.f};
   const auto key_rows = [&](int r) { return key_of_row(warp, r); };
   float dK[8][4] = {}, dV[8][4] = {};
   float colsum[2] = {0.f, 0.f};
   double dw_in_part = 0, dw_x_part = 0;  // sums of many dS that largely cancel: kept in fp64
-  const int64_t query_tiles = (sc.S + kBwdRows - 1) / kBwdRows;
 
-  for (int64_t qt = split; qt < query_tiles; qt += p.splits) {
+  int buf = 0;
+  for (int64_t qt = split; qt < query_tiles; qt += p.splits, buf ^= 1) {
     const int64_t q0 = qt * kBwdRows;
-    __syncthreads();  // the previous tile's Q, dO and dS are no longer read
-    load_head_tile<kBwdThreads>(p.q, b, h, q0, kBwdRows, sc.S, Qs, QTs, kStride, true);
-    load_head_tile<kBwdThreads>(HeadRows<const float>{p.dout, sc.S * C, kD, C}, b, h, q0, kBwdRows, sc.S, dOs, dOTs,
-                                kStride, true);
+    const float *Q = Qs[buf], *dO = dOs[buf];
+    __syncthreads();  // the previous tile's dS, row sums and Q, dO buffer are no longer read
+    copy_scores(kRead ? probs(p.P) : sc.E + h * sc.M * sc.M, kRead ? sc.S : sc.M, q0, dSs);
+    async::commit();
+    if (qt + p.splits < query_tiles) copy_queries(qt + p.splits, buf ^ 1);
+    async::commit();
     if (threadIdx.x < kBwdRows) {
       const int64_t i = q0 + threadIdx.x, row = bh * sc.S + i;
       const bool ok = i < sc.S;
-      q_ok[threadIdx.x] = ok ? 1.f : 0.f;
       q_e[threadIdx.x] = ok ? sc.e[b * sc.S + i] : 0.f;
       q_delta[threadIdx.x] = ok ? p.delta[row] : 0.f;
       q_lse[threadIdx.x] = (ok && recompute) ? p.lse[row] : -INFINITY;
       q_rowsum[threadIdx.x] = 0.f;
     }
+    async::wait<2>();  // this tile's Q and dO (and Pd) are in; its P or E and the next Q, dO may still be on the way
+    stage_head_rows<Mma, kBwdThreads>(Qs[buf], kBwdRows);
+    stage_head_rows<Mma, kBwdThreads>(dOs[buf], kBwdRows);
     __syncthreads();
 
     // dPd^T = V dO^T
     float ds[8][4] = {};
-    mma::tile_product<Mma, 8, 8>(ds, Vs, kStride, key_rows, dOs, kStride, 0, lane);
+    mma::tile_product<Mma, 8, 8>(ds, Vs, kStride, key_rows, dO, kStride, 0, lane);
 
     // P^T and Pd^T, read or recomputed from S^T = K Q^T; then in place:
     // pd <- Pd^T and ds <- dS^T = P^T (dP^T - Delta) = Pd^T dPd^T - P^T Delta.
     float pd[8][4] = {};
-    if constexpr (recompute) mma::tile_product<Mma, 8, 8>(pd, Ks, kStride, key_rows, Qs, kStride, 0, lane);
+    if constexpr (recompute) mma::tile_product<Mma, 8, 8>(pd, Ks, kStride, key_rows, Q, kStride, 0, lane);
+    async::wait<1>();
+    __syncthreads();  // P or E is in
     float rowsum_part[8][2] = {};
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
@@ -312,37 +399,34 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attention_backward_kernel(Back
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int r = c >> 1, il = il0 + (c & 1);
-        const int64_t i = q0 + il, j = k0 + jl[r];
+        float* staged = dSs + il * kWideStride + jl[r];  // P or E in, dS out (zeros past S)
         float prob = 0.f, dropped = 0.f, d = 0.f;
         if constexpr (recompute) {
-          if (key_ok[jl[r]] != 0.f && q_lse[il] != -INFINITY) {
-            const float score = attention_score(pd[nt][c], sc.scale, sc.E[(h * sc.M + i) * sc.M + j], w_in, w_x,
-                                                q_e[il], key_e[jl[r]]);
+          if (key_valid[r] && q_lse[il] != -INFINITY) {
+            const float score = attention_score(pd[nt][c], sc.scale, *staged, w_in, w_x, q_e[il], ej[r]);
             prob = exp2f((score - q_lse[il]) * kLog2e);
           }
           dropped = prob * keep[c & 1][r];
           d = prob * (ds[nt][c] * keep[c & 1][r] - q_delta[il]);
         } else {
-          if (i < sc.S && j < sc.S) {
-            const int64_t at = (bh * sc.S + i) * sc.S + j;
-            prob = p.P[at];
-            dropped = p.Pd[at];
-          }
+          prob = *staged;
+          dropped = Pds[il * kWideStride + jl[r]];
           d = dropped * ds[nt][c] - prob * q_delta[il];
           colsum[r] += d;
           rowsum_part[nt][c & 1] += dropped;
         }
         pd[nt][c] = dropped;
         ds[nt][c] = d;
-        const float ei = q_e[il], ej = key_e[jl[r]];
-        dw_in_part += d * ei * ej;
-        dw_x_part += d * cross_term(ei, ej);
-        dSs[il * kWideStride + jl[r]] = d;
+        const double d64 = d;  // e is 0/1: d e_i e_j and d cross_term(e_i, e_j) are d or 0
+        const bool ei = q_e[il] != 0.f;
+        dw_in_part += ei && ej[r] != 0.f ? d64 : 0.0;
+        dw_x_part += ei != (ej[r] != 0.f) ? d64 : 0.0;
+        *staged = d;
       }
     }
 
-    mma::accumulator_product<Mma, 8, 8>(dV, pd, dOTs, kStride, lane);  // dV += Pd^T dO
-    mma::accumulator_product<Mma, 8, 8>(dK, ds, QTs, kStride, lane);  // dK += dS^T Q
+    mma::accumulator_product<Mma, 8, 8>(dV, pd, dO, kStride, lane);  // dV += Pd^T dO
+    mma::accumulator_product<Mma, 8, 8>(dK, ds, Q, kStride, lane);   // dK += dS^T Q
 
     if constexpr (kRead) {  // per query: over the thread's two keys, then the warp's 8 row groups
 #pragma unroll
@@ -356,14 +440,18 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attention_backward_kernel(Back
           if (g == 0) atomicAdd(&q_rowsum[8 * nt + 2 * t + c], v);
         }
     }
-    __syncthreads();  // dS and the row sums are complete
+    __syncthreads();  // dS and the row sums are complete; this Pd tile is read
+    if constexpr (kRead) {
+      if (qt + p.splits < query_tiles) copy_scores(probs(p.Pd), sc.S, q0 + p.splits * kBwdRows, Pds);
+      async::commit();
+    }
 
     // dQ (64 queries x 64 d) += scale dS K: warp -> 16 queries x 32 d, k over the 128 keys.
     {
       const int qr = 16 * (warp & 3), dc = 32 * (warp >> 2);
       const auto query_rows = [&](int r) { return qr + r; };
       float dq[4][4] = {};
-      mma::tile_product<Mma, kBwdKeys / 8, 4>(dq, dSs, kWideStride, query_rows, KTs, kWideStride, dc, lane);
+      mma::tile_product<Mma, kBwdKeys / 8, 4, false>(dq, dSs, kWideStride, query_rows, KTs, kWideStride, dc, lane);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int64_t i = q0 + qr + g + 8 * r;

@@ -2,6 +2,7 @@
 // the math both back ends share (the score of one (i, j) pair).
 #pragma once
 #include <cmath>
+#include <cstdint>
 
 #include "core/cuda.h"
 #include "core/dispatch.h"
@@ -68,7 +69,9 @@ struct HeadWeighted {
   int64_t S, H, D, sb, sh, ss;
   T factor;
   TG_HD T operator()(int64_t r, int64_t c) const {
-    const int64_t b = r / S, s = r % S, h = c / D, d = c % D;
+    // 32-bit quotients (B*S and H*D fit, checked by the caller): a 64-bit division costs several times more
+    const uint32_t b = uint32_t(r) / uint32_t(S), s = uint32_t(r) - b * uint32_t(S);
+    const uint32_t h = uint32_t(c) / uint32_t(D), d = uint32_t(c) - h * uint32_t(D);
     return factor * w[(b * H + h) * S + s] * x[b * sb + h * sh + s * ss + d];
   }
 };
@@ -84,6 +87,8 @@ template <Device Dev>
 void AttentionBiasKernels<Dev>::head_weighted_sums(const Tensor& w, const Tensor& x, double factor, const Tensor& out) {
   const int64_t B = x.size(0), H = x.size(1), S = x.size(2), D = x.size(3);
   if (B * S == 0 || H * D == 0) return;
+  TG_CHECK(B * S <= UINT32_MAX && H * D <= UINT32_MAX, "fused_attention (qkv bias): ", B, " x ", S, " tokens or ", H,
+           " x ", D, " columns exceed 32-bit indexing");
   TG_DISPATCH_FLOAT(x.dtype(), T, [&] {
     const HeadWeighted<T> value{w.data<T>(), x.data<T>(), S, H, D, x.strides()[0], x.strides()[1], x.strides()[2],
                                 static_cast<T>(factor)};

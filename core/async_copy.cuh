@@ -1,0 +1,41 @@
+// Asynchronous global -> shared copies (cp.async, sm_80+): a thread issues
+// many copies without waiting for each, commits them as a group, and waits
+// for whole groups later, so a tile's loads are all in flight at once and can
+// overlap arithmetic on the previous data. A copy with `valid` false writes
+// zeros and reads nothing.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace tg::cuda::async {
+
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes; both addresses 16-byte aligned. Cached in L2 only (.cg).
+__device__ __forceinline__ void copy16(float* dst, const float* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(dst)), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+
+// 4 bytes.
+__device__ __forceinline__ void copy4(float* dst, const float* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(shared_address(dst)), "l"(src),
+               "r"(valid ? 4 : 0)
+               : "memory");
+}
+
+// Closes the group of the copies this thread issued since the last commit.
+__device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+// Waits until at most `kPending` of this thread's groups are still in flight
+// (the newest ones). Other threads' copies need a __syncthreads after it.
+template <int kPending>
+__device__ __forceinline__ void wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+}  // namespace tg::cuda::async
