@@ -21,8 +21,7 @@ using mma::Tf32;
 using mma::Tf32x3;
 
 constexpr int kD = 64;            // the head dim the kernels cover
-constexpr int kStride = 68;       // shared row stride of 64-wide tiles: ldmatrix rows in distinct banks
-constexpr int kWideStride = 132;  // ... of 128-wide tiles
+constexpr int kStride = 68;  // shared row stride of 64-wide tiles: ldmatrix rows in distinct banks
 constexpr float kLog2e = 1.4426950408889634f;
 
 // Rows of a [B,H,S,D] operand with a unit d stride (a view of qkv, or contiguous).
@@ -258,7 +257,8 @@ __global__ void __launch_bounds__(kFwdThreads) attention_forward_kernel(ForwardA
 }
 
 // --------------------------------------------------------------- backward
-// One CTA per (128 keys, b, h, split of the query tiles), 8 warps of 16 keys.
+// One CTA per (64 keys, b, h, split of the query tiles), 4 warps of 16 keys,
+// two CTAs per SM.
 // The CTA keeps its keys' K and V and walks query tiles of 64. Per warp and
 // tile, in the transposed orientation (rows = keys):
 //   S^T = K Q^T (recompute)  ->  P^T, Pd^T;   dPd^T = V dO^T;   dS^T
@@ -267,15 +267,13 @@ __global__ void __launch_bounds__(kFwdThreads) attention_forward_kernel(ForwardA
 // both added atomically. A warp's 16 rows are keys 2r and 2r+1 at fragment
 // rows r and r + 8, so a thread's two rows share a Philox group.
 //
-// Loads are cp.async groups, issued ahead of their use: the next tile's Q and
-// dO (double-buffered) at the top of a tile, this tile's S x S inputs (P and
-// Pd, or the edit_region_bias corner) while dPd^T is computed, Pd of the
-// next tile as soon as this one's is read.
+// Loads are cp.async groups, issued ahead of their use: this tile's S x S
+// input (P, or the edit_region_bias corner) while dPd^T is computed; the next
+// tile's Q, dO (and Pd) as soon as this tile's are read, during dQ and dE.
 
-constexpr int kBwdKeys = 128, kBwdRows = 64, kBwdThreads = 256;
-constexpr int kBwdSmemFloats = 2 * kBwdKeys * kStride + 2 * kD * kWideStride + 4 * kBwdRows * kStride +
-                               4 * kBwdRows + 2 * kBwdKeys;
-static_assert(kBwdRows * kWideStride <= kBwdKeys * kStride, "the Pd tile is staged where K is");
+constexpr int kBwdKeys = 64, kBwdRows = 64, kBwdThreads = 128, kBwdCtasPerSm = 2;
+constexpr int kBwdSmemFloats = (2 * kBwdKeys + kD + 3 * kBwdRows) * kStride + 4 * kBwdRows + 2 * kBwdKeys;
+static_assert(kBwdRows <= kBwdKeys, "the Pd tile is staged where K is");
 
 struct BackwardArgs {
   HeadRows<const float> q, k, v;
@@ -294,15 +292,15 @@ __device__ __forceinline__ int key_of_row(int warp, int r) { return 16 * warp + 
 // kRead: P and Pd are read (the benchmark interface, with the row and column
 // sums for the bias gradient); else recomputed from the log-sum-exp (training).
 template <class Mma, bool kRead>
-__global__ void __launch_bounds__(kBwdThreads, 1) attention_backward_kernel(BackwardArgs p) {
+__global__ void __launch_bounds__(kBwdThreads, kBwdCtasPerSm) attention_backward_kernel(BackwardArgs p) {
   extern __shared__ __align__(16) float smem[];
   float* Ks = smem;                          // [key][d]; with kRead, after KTs is made: Pd [query][key]
   float* Vs = Ks + kBwdKeys * kStride;       // [key][d]
   float* KTs = Vs + kBwdKeys * kStride;      // [d][key]
-  float* dSs = KTs + kD * kWideStride;       // [query][key]: P (kRead) or E, then dS
-  float* Qs[2] = {dSs + kD * kWideStride, dSs + kD * kWideStride + kBwdRows * kStride};  // [query][d]
-  float* dOs[2] = {Qs[1] + kBwdRows * kStride, Qs[1] + 2 * kBwdRows * kStride};          // [query][d]
-  float* q_lse = dOs[1] + kBwdRows * kStride;
+  float* dSs = KTs + kD * kStride;           // [query][key]: P (kRead) or E, then dS
+  float* Qs = dSs + kBwdRows * kStride;      // [query][d]
+  float* dOs = Qs + kBwdRows * kStride;      // [query][d]
+  float* q_lse = dOs + kBwdRows * kStride;
   float* q_delta = q_lse + kBwdRows;
   float* q_e = q_delta + kBwdRows;
   float* q_rowsum = q_e + kBwdRows;
@@ -319,19 +317,19 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attention_backward_kernel(Back
   constexpr bool recompute = !kRead;
   const int64_t query_tiles = (sc.S + kBwdRows - 1) / kBwdRows;
   const HeadRows<const float> dout{p.dout, sc.S * C, kD, C};
-  const auto copy_queries = [&](int64_t qt, int buf) {
-    copy_head_rows<kBwdThreads>(p.q, b, h, qt * kBwdRows, kBwdRows, sc.S, Qs[buf]);
-    copy_head_rows<kBwdThreads>(dout, b, h, qt * kBwdRows, kBwdRows, sc.S, dOs[buf]);
-  };
   // The tile's [query][key] corner of a [.., S or M, S or M] matrix.
   const auto copy_scores = [&](const float* m, int64_t ld, int64_t q0, float* dst) {
-    copy_tile<kBwdThreads, kBwdRows, kBwdKeys>(m + q0 * ld + k0, ld, sc.S - q0, sc.S - k0, dst, kWideStride);
+    copy_tile<kBwdThreads, kBwdRows, kBwdKeys>(m + q0 * ld + k0, ld, sc.S - q0, sc.S - k0, dst, kStride);
   };
   const auto probs = [&](const float* m) { return m + bh * sc.S * sc.S; };
+  const auto copy_queries = [&](int64_t qt) {
+    copy_head_rows<kBwdThreads>(p.q, b, h, qt * kBwdRows, kBwdRows, sc.S, Qs);
+    copy_head_rows<kBwdThreads>(dout, b, h, qt * kBwdRows, kBwdRows, sc.S, dOs);
+  };
 
   copy_head_rows<kBwdThreads>(p.k, b, h, k0, kBwdKeys, sc.S, Ks);
   copy_head_rows<kBwdThreads>(p.v, b, h, k0, kBwdKeys, sc.S, Vs);
-  copy_queries(split, 0);
+  copy_queries(split);
   async::commit();
   if (threadIdx.x < kBwdKeys) {
     const int64_t j = k0 + threadIdx.x;
@@ -342,7 +340,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attention_backward_kernel(Back
   stage_head_rows<Mma, kBwdThreads>(Ks, kBwdKeys);
   stage_head_rows<Mma, kBwdThreads>(Vs, kBwdKeys);
   __syncthreads();
-  transpose_rows<kBwdThreads>(Ks, kBwdKeys, KTs, kWideStride);
+  transpose_rows<kBwdThreads>(Ks, kBwdKeys, KTs, kStride);
   if constexpr (kRead) {
     __syncthreads();  // K is transposed: its space takes the first Pd tile
     copy_scores(probs(p.Pd), sc.S, split * kBwdRows, Pds);
@@ -357,14 +355,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attention_backward_kernel(Back
   float colsum[2] = {0.f, 0.f};
   double dw_in_part = 0, dw_x_part = 0;  // sums of many dS that largely cancel: kept in fp64
 
-  int buf = 0;
-  for (int64_t qt = split; qt < query_tiles; qt += p.splits, buf ^= 1) {
+  for (int64_t qt = split; qt < query_tiles; qt += p.splits) {
     const int64_t q0 = qt * kBwdRows;
-    const float *Q = Qs[buf], *dO = dOs[buf];
-    __syncthreads();  // the previous tile's dS, row sums and Q, dO buffer are no longer read
+    __syncthreads();  // the previous tile's dS and row sums are no longer read
     copy_scores(kRead ? probs(p.P) : sc.E + h * sc.M * sc.M, kRead ? sc.S : sc.M, q0, dSs);
-    async::commit();
-    if (qt + p.splits < query_tiles) copy_queries(qt + p.splits, buf ^ 1);
     async::commit();
     if (threadIdx.x < kBwdRows) {
       const int64_t i = q0 + threadIdx.x, row = bh * sc.S + i;
@@ -374,20 +368,20 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attention_backward_kernel(Back
       q_lse[threadIdx.x] = (ok && recompute) ? p.lse[row] : -INFINITY;
       q_rowsum[threadIdx.x] = 0.f;
     }
-    async::wait<2>();  // this tile's Q and dO (and Pd) are in; its P or E and the next Q, dO may still be on the way
-    stage_head_rows<Mma, kBwdThreads>(Qs[buf], kBwdRows);
-    stage_head_rows<Mma, kBwdThreads>(dOs[buf], kBwdRows);
+    async::wait<1>();  // this tile's Q and dO (and Pd) are in; its P or E may still be on the way
+    stage_head_rows<Mma, kBwdThreads>(Qs, kBwdRows);
+    stage_head_rows<Mma, kBwdThreads>(dOs, kBwdRows);
     __syncthreads();
 
     // dPd^T = V dO^T
     float ds[8][4] = {};
-    mma::tile_product<Mma, 8, 8>(ds, Vs, kStride, key_rows, dO, kStride, 0, lane);
+    mma::tile_product<Mma, 8, 8>(ds, Vs, kStride, key_rows, dOs, kStride, 0, lane);
 
     // P^T and Pd^T, read or recomputed from S^T = K Q^T; then in place:
     // pd <- Pd^T and ds <- dS^T = P^T (dP^T - Delta) = Pd^T dPd^T - P^T Delta.
     float pd[8][4] = {};
-    if constexpr (recompute) mma::tile_product<Mma, 8, 8>(pd, Ks, kStride, key_rows, Q, kStride, 0, lane);
-    async::wait<1>();
+    if constexpr (recompute) mma::tile_product<Mma, 8, 8>(pd, Ks, kStride, key_rows, Qs, kStride, 0, lane);
+    async::wait<0>();
     __syncthreads();  // P or E is in
     float rowsum_part[8][2] = {};
 #pragma unroll
@@ -399,7 +393,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attention_backward_kernel(Back
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int r = c >> 1, il = il0 + (c & 1);
-        float* staged = dSs + il * kWideStride + jl[r];  // P or E in, dS out (zeros past S)
+        float* staged = dSs + il * kStride + jl[r];  // P or E in, dS out (zeros past S)
         float prob = 0.f, dropped = 0.f, d = 0.f;
         if constexpr (recompute) {
           if (key_valid[r] && q_lse[il] != -INFINITY) {
@@ -410,7 +404,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attention_backward_kernel(Back
           d = prob * (ds[nt][c] * keep[c & 1][r] - q_delta[il]);
         } else {
           prob = *staged;
-          dropped = Pds[il * kWideStride + jl[r]];
+          dropped = Pds[il * kStride + jl[r]];
           d = dropped * ds[nt][c] - prob * q_delta[il];
           colsum[r] += d;
           rowsum_part[nt][c & 1] += dropped;
@@ -425,8 +419,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attention_backward_kernel(Back
       }
     }
 
-    mma::accumulator_product<Mma, 8, 8>(dV, pd, dO, kStride, lane);  // dV += Pd^T dO
-    mma::accumulator_product<Mma, 8, 8>(dK, ds, Q, kStride, lane);   // dK += dS^T Q
+    mma::accumulator_product<Mma, 8, 8>(dV, pd, dOs, kStride, lane);  // dV += Pd^T dO
+    mma::accumulator_product<Mma, 8, 8>(dK, ds, Qs, kStride, lane);   // dK += dS^T Q
 
     if constexpr (kRead) {  // per query: over the thread's two keys, then the warp's 8 row groups
 #pragma unroll
@@ -440,25 +434,25 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attention_backward_kernel(Back
           if (g == 0) atomicAdd(&q_rowsum[8 * nt + 2 * t + c], v);
         }
     }
-    __syncthreads();  // dS and the row sums are complete; this Pd tile is read
-    if constexpr (kRead) {
-      if (qt + p.splits < query_tiles) copy_scores(probs(p.Pd), sc.S, q0 + p.splits * kBwdRows, Pds);
-      async::commit();
+    __syncthreads();  // dS and the row sums are complete; Q, dO and Pd are read
+    if (qt + p.splits < query_tiles) {
+      copy_queries(qt + p.splits);
+      if (kRead) copy_scores(probs(p.Pd), sc.S, q0 + p.splits * kBwdRows, Pds);
     }
+    async::commit();
 
-    // dQ (64 queries x 64 d) += scale dS K: warp -> 16 queries x 32 d, k over the 128 keys.
+    // dQ (64 queries x 64 d) += scale dS K: warp -> 16 queries, k over the CTA's keys.
     {
-      const int qr = 16 * (warp & 3), dc = 32 * (warp >> 2);
-      const auto query_rows = [&](int r) { return qr + r; };
-      float dq[4][4] = {};
-      mma::tile_product<Mma, kBwdKeys / 8, 4, false>(dq, dSs, kWideStride, query_rows, KTs, kWideStride, dc, lane);
+      const auto query_rows = [&](int r) { return 16 * warp + r; };
+      float dq[8][4] = {};
+      mma::tile_product<Mma, kBwdKeys / 8, 8, false>(dq, dSs, kStride, query_rows, KTs, kStride, 0, lane);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int64_t i = q0 + qr + g + 8 * r;
+        const int64_t i = q0 + 16 * warp + g + 8 * r;
         if (i >= sc.S) continue;
-        float* row = p.dq.row(b, h, i) + dc + 2 * t;
+        float* row = p.dq.row(b, h, i) + 2 * t;
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
+        for (int nt = 0; nt < 8; ++nt)
           mma::red_add2(row + 8 * nt, sc.scale * dq[nt][2 * r], sc.scale * dq[nt][2 * r + 1]);
       }
     }
@@ -470,7 +464,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attention_backward_kernel(Back
         const int il = idx / (kBwdKeys / 4), c4 = idx % (kBwdKeys / 4);
         const int64_t i = q0 + il, j = k0 + 4 * c4;
         if (i >= sc.S || j >= sc.S) continue;
-        const float* v = dSs + il * kWideStride + 4 * c4;
+        const float* v = dSs + il * kStride + 4 * c4;
         float* out = p.dE + (h * sc.M + i) * sc.M + j;
         if (quads && j + 3 < sc.S) {
           mma::red_add4(out, v[0], v[1], v[2], v[3]);
@@ -554,8 +548,8 @@ template <class Mma, bool kRead>
 void launch_backward(const AttentionInputs& in, const AttentionGradTensors& g) {
   const AttentionDims d = in.d;
   const int64_t key_tiles = (d.S + kBwdKeys - 1) / kBwdKeys, query_tiles = (d.S + kBwdRows - 1) / kBwdRows;
-  // Enough CTAs for two per SM: split the query tiles when the keys alone give too few.
-  const int64_t ctas = key_tiles * d.B * d.H, want = 2 * int64_t(context().sm_count);
+  // Enough CTAs for two waves: split the query tiles when the keys alone give too few.
+  const int64_t ctas = key_tiles * d.B * d.H, want = 2 * kBwdCtasPerSm * int64_t(context().sm_count);
   const int splits = static_cast<int>(std::clamp<int64_t>((want + ctas - 1) / ctas, 1, query_tiles));
   const BackwardArgs args{head_rows<const float>(in.q), head_rows<const float>(in.k), head_rows<const float>(in.v),
                           g.dout.data<float>(), data_or_null<float>(g.lse), g.delta.data<float>(),
