@@ -51,10 +51,10 @@ struct Tf32 {
   }
   template <int N>
   __device__ __forceinline__ static Frag<N> make(const float (&v)[N]) {
-    Frag<N> f;
+    float rounded[N];
 #pragma unroll
-    for (int i = 0; i < N; ++i) f.big[i] = to_tf32(v[i]);
-    return f;
+    for (int i = 0; i < N; ++i) rounded[i] = stage(v[i]);
+    return make_staged(rounded);
   }
   __device__ __forceinline__ static void mma(float (&d)[4], const Frag<4>& a, const Frag<2>& b) {
     mma_16x8x8(d, a.big, b.big);
