@@ -116,13 +116,10 @@ __device__ __forceinline__ void load_a(float (&a)[4], const float* tile, int str
 
 // The B fragments of two n-tiles (n0 .. n0 + 15) from a shared tile stored
 // n-major ([n][k], k contiguous): b[j] is n-tile j's {b0, b1} at k0 .. k0 + 7.
-// Tile row row_of(n) holds logical n.
-template <class RowOf>
-__device__ __forceinline__ void load_b_pair(float (&b)[2][2], const float* tile, int stride, const RowOf& row_of,
-                                            int n0, int k0, int lane) {
+__device__ __forceinline__ void load_b_pair(float (&b)[2][2], const float* tile, int stride, int n0, int k0, int lane) {
   const int block = lane >> 3, n = n0 + (lane & 7) + 8 * (block >> 1), c = k0 + 4 * (block & 1);
   float v[4];
-  ldmatrix_x4(v, tile + row_of(n) * stride + c);
+  ldmatrix_x4(v, tile + n * stride + c);
   b[0][0] = v[0];
   b[0][1] = v[1];
   b[1][0] = v[2];
@@ -147,7 +144,6 @@ template <class Mma, int K, int N, bool kStagedA = true, class RowOf>
 __device__ __forceinline__ void tile_product(float (&acc)[N][4], const float* a_tile, int a_stride, const RowOf& a_row,
                                              const float* b_tile, int b_stride, int n0, int lane) {
   static_assert(N % 2 == 0, "tile_product: n-tiles go in pairs");
-  const auto same = [](int r) { return r; };
 #pragma unroll
   for (int ks = 0; ks < K; ++ks) {
     float a[4];
@@ -156,7 +152,7 @@ __device__ __forceinline__ void tile_product(float (&acc)[N][4], const float* a_
 #pragma unroll
     for (int np = 0; np < N / 2; ++np) {
       float b[2][2];
-      load_b_pair(b, b_tile, b_stride, same, n0 + 16 * np, 8 * ks, lane);
+      load_b_pair(b, b_tile, b_stride, n0 + 16 * np, 8 * ks, lane);
       Mma::mma(acc[2 * np], A, Mma::make_staged(b[0]));
       Mma::mma(acc[2 * np + 1], A, Mma::make_staged(b[1]));
     }

@@ -2,6 +2,7 @@
 
 #include "autograd/engine.h"
 #include "core/cpu_loops.h"
+#include "core/pack.h"
 #include "ops/copy_kernels.h"
 #include "ops/untracked.h"
 
@@ -56,6 +57,9 @@ void copy_into(const Tensor& dst, const Tensor& src_in) {
 void fill_into(const Tensor& dst, double value) { TG_DISPATCH_DEVICE(dst, CopyKernels, fill, dst, value); }
 
 Tensor materialize(const Tensor& x) { return x.is_contiguous() ? x : copy_of(x); }
+Tensor materialize_aligned(const Tensor& x) {
+  return x.is_contiguous() && aligned16(x.raw_data()) ? x : copy_of(x);
+}
 
 bool bytes_overlap(const Tensor& a, const Tensor& b) {
   if (a.device() != b.device() || a.numel() == 0 || b.numel() == 0) return false;

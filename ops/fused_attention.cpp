@@ -224,7 +224,7 @@ AttentionInputs check_inputs(const Tensor& qkv, const Tensor& e, const Tensor& a
              H, " heads has head dim ", D, " (use AttentionImpl::Decomposed)");
   }
   AttentionInputs in;
-  const Tensor q = materialize(qkv);
+  const Tensor q = materialize_aligned(qkv);  // the CUDA kernels read 16-byte vectors of q, k, v
   in.q = head_view(q, 0, H);
   in.k = head_view(q, 1, H);
   in.v = head_view(q, 2, H);
@@ -267,7 +267,7 @@ Tensor fused_attention(const Tensor& qkv, const Tensor& edit_mask, const Tensor&
         const AttentionDims d = in.d;
         const TensorOptions opts{g.dtype(), g.device()};
         AttentionGradTensors gt;
-        gt.dout = materialize(g);
+        gt.dout = materialize_aligned(g);
         gt.lse = s[4];
         gt.delta = empty({d.B, d.H, d.S}, opts);
         TG_DISPATCH_DEVICE(g, FusedAttentionKernels, row_dot, gt.dout, s[3], gt.delta, d);

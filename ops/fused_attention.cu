@@ -20,8 +20,10 @@ namespace {
 using mma::Tf32;
 using mma::Tf32x3;
 
-constexpr int kD = 64;            // the head dim the kernels cover
-constexpr int kStride = 68;  // shared row stride of 64-wide tiles: ldmatrix rows in distinct banks
+constexpr int kD = 64;        // the head dim the kernels cover
+constexpr int kStride = 68;   // shared row stride of 64-wide tiles: distinct banks for ldmatrix rows and for
+                              // mma::accumulator_product's k-major loads (4 more than a multiple of 16)
+static_assert(kStride >= kD && kStride % 16 == 4, "kStride: see above");
 constexpr float kLog2e = 1.4426950408889634f;
 
 // Rows of a [B,H,S,D] operand with a unit d stride (a view of qkv, or contiguous).
@@ -120,6 +122,15 @@ __device__ void transpose_rows(const float* natural, int n, float* transposed, i
   }
 }
 
+// e_j and whether key j takes part (exists and is not masked) for keys k0 ..
+// k0 + n - 1, into shared memory; thread j takes key k0 + j.
+__device__ __forceinline__ void load_key_flags(const ScoreArgs& sc, int64_t b, int64_t k0, int n, float* key_e, float* key_ok) {
+  if (threadIdx.x >= n) return;
+  const int64_t j = k0 + threadIdx.x;
+  key_e[threadIdx.x] = j < sc.S ? sc.e[b * sc.S + j] : 0.f;
+  key_ok[threadIdx.x] = (j < sc.S && sc.a[b * sc.S + j] != 0.f) ? 1.f : 0.f;
+}
+
 // Keep factors (keep / (1 - p), or 0) of one Philox block shared by a pair of
 // lanes (lane and lane ^ partner): together they hold rows row0 and row1 of
 // the [B,H,S,S] mask at the same two columns of one group of 4 (lanes 2 sel
@@ -184,11 +195,7 @@ __global__ void __launch_bounds__(kFwdThreads) attention_forward_kernel(ForwardA
     copy_tile<kFwdThreads, kFwdRows, kFwdKeys>(sc.E + (h * sc.M + q0) * sc.M + k0, sc.M, sc.S - q0, sc.S - k0, Es,
                                                kStride);
     async::commit();
-    if (threadIdx.x < kFwdKeys) {
-      const int64_t j = k0 + threadIdx.x;
-      key_e[threadIdx.x] = j < sc.S ? sc.e[b * sc.S + j] : 0.f;
-      key_ok[threadIdx.x] = (j < sc.S && sc.a[b * sc.S + j] != 0.f) ? 1.f : 0.f;
-    }
+    load_key_flags(sc, b, k0, kFwdKeys, key_e, key_ok);
     async::wait<0>();
     if (k0 == 0) stage_head_rows<Mma, kFwdThreads>(Qs, kFwdRows);
     stage_head_rows<Mma, kFwdThreads>(Ks, kFwdKeys);
@@ -258,8 +265,8 @@ __global__ void __launch_bounds__(kFwdThreads) attention_forward_kernel(ForwardA
 
 // --------------------------------------------------------------- backward
 // One CTA per (64 keys, b, h, split of the query tiles), 4 warps of 16 keys,
-// two CTAs per SM.
-// The CTA keeps its keys' K and V and walks query tiles of 64. Per warp and
+// two CTAs per SM. The CTA keeps its keys' V and K^T (and K itself when it
+// recomputes P) and walks query tiles of 64. Per warp and
 // tile, in the transposed orientation (rows = keys):
 //   S^T = K Q^T (recompute)  ->  P^T, Pd^T;   dPd^T = V dO^T;   dS^T
 //   dV += Pd^T dO;   dK += dS^T Q                   (accumulators used as A)
@@ -273,7 +280,9 @@ __global__ void __launch_bounds__(kFwdThreads) attention_forward_kernel(ForwardA
 
 constexpr int kBwdKeys = 64, kBwdRows = 64, kBwdThreads = 128, kBwdCtasPerSm = 2;
 constexpr int kBwdSmemFloats = (2 * kBwdKeys + kD + 3 * kBwdRows) * kStride + 4 * kBwdRows + 2 * kBwdKeys;
-static_assert(kBwdRows <= kBwdKeys, "the Pd tile is staged where K is");
+static_assert(kBwdRows <= kBwdKeys && kBwdKeys <= kStride, "the Pd tile is staged where K is, at stride kStride");
+static_assert(kBwdKeys == 16 * (kBwdThreads / 32) && kBwdRows == kBwdKeys,
+              "a warp holds 16 keys (key_of_row) and computes dQ for 16 queries");
 
 struct BackwardArgs {
   HeadRows<const float> q, k, v;
@@ -331,11 +340,7 @@ __global__ void __launch_bounds__(kBwdThreads, kBwdCtasPerSm) attention_backward
   copy_head_rows<kBwdThreads>(p.v, b, h, k0, kBwdKeys, sc.S, Vs);
   copy_queries(split);
   async::commit();
-  if (threadIdx.x < kBwdKeys) {
-    const int64_t j = k0 + threadIdx.x;
-    key_e[threadIdx.x] = j < sc.S ? sc.e[b * sc.S + j] : 0.f;
-    key_ok[threadIdx.x] = (j < sc.S && sc.a[b * sc.S + j] != 0.f) ? 1.f : 0.f;
-  }
+  load_key_flags(sc, b, k0, kBwdKeys, key_e, key_ok);
   async::wait<0>();
   stage_head_rows<Mma, kBwdThreads>(Ks, kBwdKeys);
   stage_head_rows<Mma, kBwdThreads>(Vs, kBwdKeys);
@@ -411,10 +416,8 @@ __global__ void __launch_bounds__(kBwdThreads, kBwdCtasPerSm) attention_backward
         }
         pd[nt][c] = dropped;
         ds[nt][c] = d;
-        const double d64 = d;  // e is 0/1: d e_i e_j and d cross_term(e_i, e_j) are d or 0
-        const bool ei = q_e[il] != 0.f;
-        dw_in_part += ei && ej[r] != 0.f ? d64 : 0.0;
-        dw_x_part += ei != (ej[r] != 0.f) ? d64 : 0.0;
+        dw_in_part += d * q_e[il] * ej[r];
+        dw_x_part += d * cross_term(q_e[il], ej[r]);
         *staged = d;
       }
     }
@@ -437,7 +440,7 @@ __global__ void __launch_bounds__(kBwdThreads, kBwdCtasPerSm) attention_backward
     __syncthreads();  // dS and the row sums are complete; Q, dO and Pd are read
     if (qt + p.splits < query_tiles) {
       copy_queries(qt + p.splits);
-      if (kRead) copy_scores(probs(p.Pd), sc.S, q0 + p.splits * kBwdRows, Pds);
+      if constexpr (kRead) copy_scores(probs(p.Pd), sc.S, q0 + p.splits * kBwdRows, Pds);
     }
     async::commit();
 
@@ -459,7 +462,7 @@ __global__ void __launch_bounds__(kBwdThreads, kBwdCtasPerSm) attention_backward
 
     // dE[h, i, j] += dS: the batch sum, four keys per atomic.
     if (p.dE) {
-      const bool quads = sc.M % 4 == 0;
+      const bool quads = sc.M % 4 == 0 && reinterpret_cast<uintptr_t>(p.dE) % 16 == 0;
       for (int idx = threadIdx.x; idx < kBwdRows * (kBwdKeys / 4); idx += kBwdThreads) {
         const int il = idx / (kBwdKeys / 4), c4 = idx % (kBwdKeys / 4);
         const int64_t i = q0 + il, j = k0 + 4 * c4;
@@ -525,6 +528,12 @@ void allow_shared_memory(size_t bytes) {
   });
 }
 
+// A tensor the kernels read or write in vectors of `bytes`.
+void check_aligned(const char* what, const Tensor& t, size_t bytes) {
+  TG_CHECK(reinterpret_cast<uintptr_t>(t.raw_data()) % bytes == 0, "fused_attention: ", what, " ", t.shape(),
+           " must start on a ", bytes, "-byte boundary");
+}
+
 // q, k, v (and the gradient views) must allow 16-byte loads of a head row.
 void check_rows(const char* what, const Tensor& t) {
   const auto& st = t.strides();
@@ -586,6 +595,8 @@ void FusedAttentionKernels<Device::CUDA>::row_dot(const Tensor& dout, const Tens
   using namespace cuda;
   const int64_t rows = d.B * d.H * d.S;
   if (rows == 0) return;
+  check_aligned("dout", dout, 8);
+  check_aligned("o", o, 8);
   row_dot_kernel<<<row_blocks(rows), 32 * kRowsPerBlock, 0, stream()>>>(dout.data<float>(), o.data<float>(),
                                                                         delta.data<float>(), rows, d.S, d.H);
   check_launch("fused_attention (row dot)");
@@ -599,6 +610,7 @@ void FusedAttentionKernels<Device::CUDA>::backward(const AttentionInputs& in, co
   for (const auto& [t, name] : {std::pair{&in.q, "q"}, {&in.k, "k"}, {&in.v, "v"}, {&g.dq, "dq"}, {&g.dk, "dk"},
                                 {&g.dv, "dv"}})
     check_rows(name, *t);
+  check_aligned("dout", g.dout, 16);
   TG_CHECK(!g.probs.defined() || (g.colsum_ds.defined() && g.rowsum_pd.defined()),
            "fused_attention_backward: reading P needs the column and row sum outputs");
   const bool high = precision == MatmulPrecision::High, read = g.probs.defined();

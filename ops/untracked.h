@@ -12,6 +12,9 @@ void copy_into(const Tensor& dst, const Tensor& src);
 void fill_into(const Tensor& dst, double value);
 // x itself when contiguous, else a contiguous copy.
 Tensor materialize(const Tensor& x);
+// The same, and also a copy when x does not start on a 16-byte boundary (for
+// kernels that read 16-byte vectors).
+Tensor materialize_aligned(const Tensor& x);
 
 // x broadcast to `shape` with stride-0 dims; throws naming `op` when it does not broadcast.
 Tensor broadcast_view(const char* op, const Tensor& x, const Shape& shape);

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "helpers.h"
+#include "ops/untracked.h"
 
 using namespace tgtest;
 
@@ -54,6 +55,17 @@ TEST_CASE("shapes/make_view outside its storage is an error") {
   CHECK(contains(error_of([&] { tg::make_view(t, {kBig, kBig}, {kBig, kBig}, 0); }), "overflows int64 offsets"));
   CHECK(tg::make_view(t, {0, 5}, {100, 100}, 6).numel() == 0);  // an empty view reads nothing
   CHECK(tg::make_view(t, {3}, {2}, 1).to_vector() == std::vector<double>{0, 0, 0});
+}
+
+TEST_CASE("shapes/materialize_aligned copies a contiguous view that starts off a 16-byte boundary") {
+  const tg::Tensor base = tg::randn({9});
+  const tg::Tensor off = base.narrow(0, 1, 8);  // contiguous, 4 bytes past an aligned start
+  REQUIRE(off.is_contiguous());
+  const tg::Tensor copied = tg::materialize_aligned(off);
+  CHECK(copied.raw_data() != off.raw_data());
+  CHECK(reinterpret_cast<uintptr_t>(copied.raw_data()) % 16 == 0);
+  CHECK(copied.to_vector() == off.to_vector());
+  CHECK(tg::materialize_aligned(base).raw_data() == base.raw_data());  // aligned and contiguous: itself
 }
 
 TEST_CASE("shapes/linear on a 0-d input, and with zero in_features") {
