@@ -6,10 +6,10 @@
 #include <algorithm>
 #include <mutex>
 
+#include "core/async_copy.cuh"
 #include "core/cuda_context.h"
 #include "core/cuda_loops.cuh"
 #include "core/cuda_reduce.cuh"
-#include "core/async_copy.cuh"
 #include "core/mma.cuh"
 #include "ops/fused_attention_kernels.h"
 
@@ -56,16 +56,24 @@ ScoreArgs score_args(const AttentionInputs& in) {
           in.rng,                     in.p > 0};
 }
 
+// Calls f(r, c4) for the quads (row r, columns 4 c4 .. 4 c4 + 3) of an
+// n-row [row][d] tile that this thread handles. copy_head_rows and
+// stage_head_rows both walk it, so a thread rounds exactly the quads it copied
+// (and waited for) itself.
+template <int kThreads, class F>
+__device__ __forceinline__ void for_each_head_quad(int n, const F& f) {
+  for (int idx = threadIdx.x; idx < n * (kD / 4); idx += kThreads) f(idx / (kD / 4), idx % (kD / 4));
+}
+
 // Queues the copy of rows row0 .. row0 + n - 1 of one head (zeros past S)
 // into shared memory as [row][d], row stride kStride.
 template <int kThreads>
 __device__ void copy_head_rows(const HeadRows<const float>& x, int64_t b, int64_t h, int64_t row0, int n, int64_t S,
                                float* dst) {
-  for (int idx = threadIdx.x; idx < n * (kD / 4); idx += kThreads) {
-    const int r = idx / (kD / 4), c4 = idx % (kD / 4);
+  for_each_head_quad<kThreads>(n, [&](int r, int c4) {
     const bool valid = row0 + r < S;
     async::copy16(dst + r * kStride + 4 * c4, x.row(b, h, valid ? row0 + r : 0) + 4 * c4, valid);
-  }
+  });
 }
 
 // Queues the copy of a kRows x kCols tile of a row-major global matrix (row
@@ -100,11 +108,11 @@ __device__ void copy_tile(const float* src, int64_t ld, int64_t rows, int64_t co
 template <class Mma, int kThreads>
 __device__ void stage_head_rows(float* tile, int n) {
   if constexpr (Mma::kRoundsStaged) {
-    for (int idx = threadIdx.x; idx < n * (kD / 4); idx += kThreads) {
-      float4* q = reinterpret_cast<float4*>(tile + (idx / (kD / 4)) * kStride + 4 * (idx % (kD / 4)));
+    for_each_head_quad<kThreads>(n, [&](int r, int c4) {
+      float4* q = reinterpret_cast<float4*>(tile + r * kStride + 4 * c4);
       const float4 v = *q;
       *q = make_float4(Mma::stage(v.x), Mma::stage(v.y), Mma::stage(v.z), Mma::stage(v.w));
-    }
+    });
   }
 }
 
@@ -124,7 +132,8 @@ __device__ void transpose_rows(const float* natural, int n, float* transposed, i
 
 // e_j and whether key j takes part (exists and is not masked) for keys k0 ..
 // k0 + n - 1, into shared memory; thread j takes key k0 + j.
-__device__ __forceinline__ void load_key_flags(const ScoreArgs& sc, int64_t b, int64_t k0, int n, float* key_e, float* key_ok) {
+__device__ __forceinline__ void load_key_flags(const ScoreArgs& sc, int64_t b, int64_t k0, int n, float* key_e,
+                                               float* key_ok) {
   if (threadIdx.x >= n) return;
   const int64_t j = k0 + threadIdx.x;
   key_e[threadIdx.x] = j < sc.S ? sc.e[b * sc.S + j] : 0.f;
@@ -266,8 +275,8 @@ __global__ void __launch_bounds__(kFwdThreads) attention_forward_kernel(ForwardA
 // --------------------------------------------------------------- backward
 // One CTA per (64 keys, b, h, split of the query tiles), 4 warps of 16 keys,
 // two CTAs per SM. The CTA keeps its keys' V and K^T (and K itself when it
-// recomputes P) and walks query tiles of 64. Per warp and
-// tile, in the transposed orientation (rows = keys):
+// recomputes P) and walks query tiles of 64. Per warp and tile, in the
+// transposed orientation (rows = keys):
 //   S^T = K Q^T (recompute)  ->  P^T, Pd^T;   dPd^T = V dO^T;   dS^T
 //   dV += Pd^T dO;   dK += dS^T Q                   (accumulators used as A)
 // then dS goes through shared memory for dQ = dS K and the batch sum of dE,
