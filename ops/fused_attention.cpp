@@ -335,6 +335,29 @@ LayerDims check_backward_args(const BackwardInputs& in, const Gradients& out) {
   return {B, S, C, H, D, M};
 }
 
+// The layer's projection GEMMs over three matrices (dy, o, Wo, then dqkv, x,
+// Wqkv): c = op(m_a) @ op(m_b), op(m) = m^T where transposed. On CUDA at
+// "high" on fp16 tensor cores, the three converted together (to_fp16: TF32's
+// mantissa at twice TF32's rate); else one GEMM each at `precision`.
+class Projections {
+ public:
+  Projections(std::vector<Tensor> matrices, MatmulPrecision precision)
+      : matrices_(std::move(matrices)), precision_(precision) {
+    const Tensor& x = matrices_[0];
+    if (x.is_cuda() && x.dtype() == DType::Float32 && precision == MatmulPrecision::High) half_ = to_fp16(matrices_);
+  }
+  void into(const Tensor& c, int a, bool transpose_a, int b, bool transpose_b) const {
+    if (!half_.matrices.empty()) return gemm_fp16_into(half_, a, transpose_a, b, transpose_b, c);
+    const auto view = [&](int i, bool transpose) { return transpose ? transposed_view(matrices_[i]) : matrices_[i]; };
+    gemm_into("region_attention_backward", view(a, transpose_a), view(b, transpose_b), c, 0.0, precision_);
+  }
+
+ private:
+  std::vector<Tensor> matrices_;
+  MatmulPrecision precision_;
+  Fp16Group half_;
+};
+
 }  // namespace
 
 void region_attention_backward_into(const BackwardInputs& in, double scale, double dropout_p,
@@ -348,9 +371,11 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
 
   // y = o Wo^T + bo:  dbo = column sums of dy, dWo = dy^T o, do = dy Wo.
   TG_DISPATCH_DEVICE(x, ReduceKernels, sum_columns, dy, out.out_bias, L.B * L.S, L.C);
-  gemm_into("region_attention_backward", transposed_view(dy), o, out.out_weight, 0.0, precision);
+  enum { kDy, kO, kWo };
+  const Projections out_proj({dy, o, in.out_weight}, precision);
+  out_proj.into(out.out_weight, kDy, true, kO, false);
   const Tensor dout = empty({L.B, L.S, L.C}, opts);
-  gemm_into("region_attention_backward", dy, in.out_weight, rows_view(dout, L.C), 0.0, precision);
+  out_proj.into(rows_view(dout, L.C), kDy, false, kWo, false);
 
   // The attention core, reading P and Pd.
   AttentionInputs core;
@@ -383,9 +408,10 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
   TG_DISPATCH_DEVICE(x, AttentionBiasKernels, head_weighted_sums, g.rowsum_pd, do_heads, 1.0, dv_bias);
 
   // qkv = x Wqkv^T + bqkv:  dWqkv = dqkv^T x, dx = dqkv Wqkv.
-  const Tensor dqkv_rows = rows_view(dqkv, 3 * L.C);
-  gemm_into("region_attention_backward", transposed_view(dqkv_rows), rows_view(x, L.C), out.qkv_weight, 0.0, precision);
-  gemm_into("region_attention_backward", dqkv_rows, in.qkv_weight, rows_view(out.hidden_states, L.C), 0.0, precision);
+  enum { kDqkv, kX, kWqkv };
+  const Projections qkv_proj({rows_view(dqkv, 3 * L.C), rows_view(x, L.C), in.qkv_weight}, precision);
+  qkv_proj.into(out.qkv_weight, kDqkv, true, kX, false);
+  qkv_proj.into(rows_view(out.hidden_states, L.C), kDqkv, false, kWqkv, false);
 }
 
 std::vector<Tensor> inputs_of(const BackwardInputs& in) {

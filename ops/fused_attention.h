@@ -60,6 +60,10 @@ std::vector<Tensor> outputs_of(const Gradients& g);
 // Reads grad_output, hidden_states, the weights, query/key/value,
 // attention_probs, attention_probs_dropped, attention_output and the masks (P is
 // read, not recomputed: no log-sum-exp is given); modifies none of them.
+// Precision on CUDA: at "high" the attention core runs on TF32 tensor cores
+// and the four projection GEMMs on fp16 tensor cores (each operand scaled by
+// a power of two into fp16's range: TF32's 10-bit mantissa at twice its
+// rate); at "highest" the core is 3xTF32 and the projections fp32.
 Gradients region_attention_backward(const BackwardInputs& in, double scale, double dropout_p,
                                     MatmulPrecision precision = MatmulPrecision::Default);
 

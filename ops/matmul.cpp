@@ -115,6 +115,16 @@ void GemmKernels<Device::CPU>::gemm(const GemmProblem& p) {
   TG_DISPATCH_FLOAT(p.dtype, T, [&] { gemm_typed<T>(p); });
 }
 
+template <>
+void GemmKernels<Device::CPU>::to_fp16(const std::vector<Tensor>&, const Fp16Group&) {
+  TG_FAIL("to_fp16: fp16 GEMM operands exist on CUDA only");
+}
+
+template <>
+void GemmKernels<Device::CPU>::gemm_fp16(const Fp16Group&, int, bool, int, bool, const Tensor&) {
+  TG_FAIL("gemm_fp16: fp16 GEMMs run on CUDA only");
+}
+
 void gemm_into(const char* op, const Tensor& a_in, const Tensor& b_in, const Tensor& c, double beta,
                MatmulPrecision precision) {
   if (c.numel() == 0) return;
@@ -137,6 +147,34 @@ void gemm_into(const char* op, const Tensor& a_in, const Tensor& b_in, const Ten
   p.beta = beta;
   p.precision = resolve_precision(precision);
   TG_DISPATCH_DEVICE(c, GemmKernels, gemm, p);
+}
+
+Fp16Group to_fp16(const std::vector<Tensor>& xs) {
+  TG_CHECK(!xs.empty() && xs.size() <= size_t(kMaxFp16Group), "to_fp16: takes 1 to ", kMaxFp16Group,
+           " matrices, got ", xs.size());
+  Fp16Group group;
+  for (const Tensor& x : xs) {
+    check_defined("to_fp16", "x", x);
+    TG_CHECK(x.dtype() == DType::Float32 && x.dim() == 2 && x.is_contiguous() && x.device() == xs[0].device(),
+             "to_fp16: x ", x.shape(), " must be a contiguous 2-D float32 matrix on ", xs[0].device(), ", got ",
+             dtype_name(x.dtype()), " on ", x.device());
+    group.matrices.push_back({empty({(x.numel() + 1) / 2}, {DType::Float32, x.device()}), x.size(0), x.size(1)});
+  }
+  group.scalars = empty({kMaxFp16Group * kMaxFp16Group + 1}, {DType::Float32, xs[0].device()});
+  TG_DISPATCH_DEVICE(xs[0], GemmKernels, to_fp16, xs, group);
+  return group;
+}
+
+void gemm_fp16_into(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b, const Tensor& c) {
+  const int count = static_cast<int>(group.matrices.size());
+  TG_CHECK(a >= 0 && a < count && b >= 0 && b < count, "gemm_fp16: matrices ", a, " and ", b, " of a group of ", count);
+  const Fp16Matrix &A = group.matrices[a], &B = group.matrices[b];
+  const int64_t n = transpose_a ? A.cols : A.rows, k = transpose_a ? A.rows : A.cols;
+  const int64_t kb = transpose_b ? B.cols : B.rows, m = transpose_b ? B.rows : B.cols;
+  TG_CHECK(k == kb && c.dim() == 2 && c.size(0) == n && c.size(1) == m && c.is_contiguous() &&
+               c.dtype() == DType::Float32,
+           "gemm_fp16: [", n, ", ", k, "] @ [", kb, ", ", m, "] does not give c ", c.shape(), " (contiguous float32)");
+  TG_DISPATCH_DEVICE(c, GemmKernels, gemm_fp16, group, a, transpose_a, b, transpose_b, c);
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b, MatmulPrecision precision) {

@@ -1,6 +1,11 @@
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
 #include "core/cuda_allocator.h"
 #include "core/cuda_context.h"
 #include "core/cuda_loops.cuh"
+#include "core/cuda_reduce.cuh"
 #include "core/indexing.h"
 #include "ops/matmul_kernels.h"
 
@@ -62,6 +67,80 @@ class DeviceScratch {
   void* ptr_;
 };
 
+// A group of float32 matrices and their fp16 copies, for one launch each of
+// the max and the conversion kernels (blockIdx.y = the matrix). Kernels take
+// it as a __grid_constant__ parameter: indexed by blockIdx.y, an ordinary
+// parameter would be copied to every thread's local memory first.
+struct Fp16Batch {
+  const float* x[kMaxFp16Group];
+  __half* out[kMaxFp16Group];
+  int64_t n[kMaxFp16Group];
+  bool aligned[kMaxFp16Group];  // x 16-byte aligned: quads load as one vector
+  unsigned* amax;               // [count], zero-initialised: max |x| as bits (ordered like the values when >= 0)
+  float* scalars;               // Fp16Group::scalars
+  int count;
+};
+
+__device__ __forceinline__ float abs_or_inf(float v) { return isnan(v) ? INFINITY : fabsf(v); }
+
+// max |x| of matrix blockIdx.y: a block max, then one atomicMax per block (a
+// few hundred blocks per matrix: atomics on one address serialise). A NaN
+// counts as infinite.
+__global__ void abs_max_kernel(const __grid_constant__ Fp16Batch batch) {
+  const int t = blockIdx.y;
+  const float* x = batch.x[t];
+  const int64_t n = batch.n[t], tid = blockIdx.x * int64_t(blockDim.x) + threadIdx.x,
+                stride = int64_t(gridDim.x) * blockDim.x, vectors = batch.aligned[t] ? n / 4 : 0;
+  float m = 0.f;
+  for (int64_t q = tid; q < vectors; q += stride) {
+    const float4 v = reinterpret_cast<const float4*>(x)[q];
+    m = fmaxf(fmaxf(m, fmaxf(abs_or_inf(v.x), abs_or_inf(v.y))), fmaxf(abs_or_inf(v.z), abs_or_inf(v.w)));
+  }
+  for (int64_t i = 4 * vectors + tid; i < n; i += stride) m = fmaxf(m, abs_or_inf(x[i]));
+  m = warp_reduce(m, [](float p, float q) { return fmaxf(p, q); });
+  __shared__ float partial[kThreads / 32];
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kThreads / 32; ++w) m = fmaxf(m, partial[w]);
+    atomicMax(&batch.amax[t], __float_as_uint(m));
+  }
+}
+
+// 2^e with max |x| 2^e in [2^13, 2^14): 1 for an all-zero or non-finite x,
+// at most 2^126 for a tiny one.
+__device__ __forceinline__ float fp16_scale(unsigned amax_bits) {
+  const float amax = __uint_as_float(amax_bits);
+  if (amax == 0.f || !isfinite(amax)) return 1.f;
+  int exponent;
+  frexpf(amax, &exponent);  // amax = f 2^exponent, f in [0.5, 1)
+  return ldexpf(1.f, min(14 - exponent, 126));
+}
+
+// x 2^e to fp16, four elements per thread, for matrix blockIdx.y; block (0, 0)
+// also writes the group's alphas and beta.
+__global__ void to_fp16_kernel(const __grid_constant__ Fp16Batch batch) {
+  const int t = blockIdx.y;
+  if (blockIdx.x == 0 && t == 0 && threadIdx.x < kMaxFp16Group * kMaxFp16Group) {
+    const int i = threadIdx.x / kMaxFp16Group, j = threadIdx.x % kMaxFp16Group;
+    if (i < batch.count && j < batch.count)
+      batch.scalars[threadIdx.x] = 1.f / (fp16_scale(batch.amax[i]) * fp16_scale(batch.amax[j]));
+    if (threadIdx.x == 0) batch.scalars[kMaxFp16Group * kMaxFp16Group] = 0.f;
+  }
+  const float scale = fp16_scale(batch.amax[t]), *x = batch.x[t];
+  const int64_t n = batch.n[t];
+  __half* out = batch.out[t];
+  for (int64_t q = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; 4 * q < n; q += int64_t(gridDim.x) * blockDim.x) {
+    if (batch.aligned[t] && 4 * q + 4 <= n) {
+      const float4 v = reinterpret_cast<const float4*>(x)[q];
+      reinterpret_cast<__half2*>(out)[2 * q] = __floats2half2_rn(v.x * scale, v.y * scale);
+      reinterpret_cast<__half2*>(out)[2 * q + 1] = __floats2half2_rn(v.z * scale, v.w * scale);
+    } else {
+      for (int64_t i = 4 * q; i < n && i < 4 * q + 4; ++i) out[i] = __float2half_rn(x[i] * scale);
+    }
+  }
+}
+
 }  // namespace
 
 }  // namespace tg::cuda
@@ -106,6 +185,55 @@ void GemmKernels<Device::CUDA>::gemm(const GemmProblem& p) {
                   "matmul");
   }
   check_launch("matmul");
+}
+
+template <>
+void GemmKernels<Device::CUDA>::to_fp16(const std::vector<Tensor>& xs, const Fp16Group& out) {
+  using namespace cuda;
+  const int count = static_cast<int>(xs.size());
+  const Tensor amax = zeros({count}, {DType::Float32, Device::CUDA});
+  Fp16Batch batch{};
+  batch.amax = reinterpret_cast<unsigned*>(amax.data<float>());
+  batch.scalars = out.scalars.data<float>();
+  batch.count = count;
+  int64_t largest = 0;
+  for (int t = 0; t < count; ++t) {
+    batch.x[t] = xs[t].data<float>();
+    batch.out[t] = reinterpret_cast<__half*>(out.matrices[t].values.data<float>());
+    batch.n[t] = xs[t].numel();
+    batch.aligned[t] = aligned16(xs[t].raw_data());
+    largest = std::max(largest, batch.n[t]);
+  }
+  const int quads = grid_for((largest + 3) / 4);
+  abs_max_kernel<<<dim3(std::min(quads, 2 * context().sm_count), count), kThreads, 0, stream()>>>(batch);
+  check_launch("to_fp16 (max)");
+  to_fp16_kernel<<<dim3(std::min(quads, 8 * context().sm_count), count), kThreads, 0, stream()>>>(batch);
+  check_launch("to_fp16");
+}
+
+// Row-major C = op(A) op(B) as column-major C^T = op(B)^T op(A)^T: a row-major
+// matrix is its own transpose to cuBLAS, so an untransposed operand goes in
+// as N and a transposed one as T, each with its stored row length as ld.
+template <>
+void GemmKernels<Device::CUDA>::gemm_fp16(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b,
+                                          const Tensor& c) {
+  using namespace cuda;
+  const Fp16Matrix &A = group.matrices[a], &B = group.matrices[b];
+  const int64_t n = c.size(0), m = c.size(1), k = transpose_a ? A.rows : A.cols;
+  for (const int64_t v : {n, m, k, A.cols, B.cols})
+    TG_CHECK(v <= INT32_MAX, "gemm_fp16: a size of ", v, " exceeds cuBLAS's int (", n, " x ", k, " @ ", k, " x ", m, ")");
+  const float* alpha = group.scalars.data<float>() + a * kMaxFp16Group + b;
+  const float* beta = group.scalars.data<float>() + kMaxFp16Group * kMaxFp16Group;
+  cublasHandle_t handle = cublas();
+  TG_CUDA_CHECK(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_DEVICE), "gemm_fp16");
+  const cublasStatus_t status = cublasGemmEx(
+      handle, transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N, transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(m),
+      static_cast<int>(n), static_cast<int>(k), alpha, B.values.data<float>(), CUDA_R_16F, static_cast<int>(B.cols),
+      A.values.data<float>(), CUDA_R_16F, static_cast<int>(A.cols), beta, c.data<float>(), CUDA_R_32F,
+      static_cast<int>(m), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  TG_CUDA_CHECK(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST), "gemm_fp16");  // before any throw: the handle is shared
+  TG_CUDA_CHECK(status, "gemm_fp16");
+  check_launch("gemm_fp16");
 }
 
 }  // namespace tg

@@ -33,9 +33,34 @@ struct GemmProblem {
 void gemm_into(const char* op, const Tensor& a, const Tensor& b, const Tensor& c, double beta,
                MatmulPrecision precision);
 
+// GEMM operands on fp16 tensor cores (the attention layer's projections at
+// "high": fp16 has TF32's 10-bit mantissa and runs at twice its rate). Each
+// matrix x is stored as x 2^e rounded to fp16, with e chosen on the device
+// from max |x| so that the largest magnitude lands in [2^13, 2^14): inside
+// fp16's range and far above its subnormals. A group of up to kMaxFp16Group
+// matrices is converted by one max kernel and one conversion kernel, which
+// also writes the cuBLAS alpha 2^-(e_i + e_j) of every pair. tapegrad has no
+// fp16 dtype: the elements are packed two per float32 and never leave the GEMMs.
+constexpr int kMaxFp16Group = 4;
+struct Fp16Matrix {
+  Tensor values;  // [ceil(rows cols / 2)] float32 storage of the fp16 elements, row-major
+  int64_t rows = 0, cols = 0;
+};
+struct Fp16Group {
+  std::vector<Fp16Matrix> matrices;
+  Tensor scalars;  // [kMaxFp16Group^2 + 1] float32: alpha of pair (i, j) at i kMaxFp16Group + j, then 0 (beta)
+};
+Fp16Group to_fp16(const std::vector<Tensor>& xs);  // CUDA float32, contiguous 2-D
+// Untracked, CUDA: c = op(A) @ op(B) for matrices a and b of the group, op(x) =
+// x^T where transposed; fp32 accumulation and output, c [n, m] contiguous.
+void gemm_fp16_into(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b, const Tensor& c);
+
 template <Device D>
 struct GemmKernels {
   static void gemm(const GemmProblem& p);  // k >= 1
+  static void to_fp16(const std::vector<Tensor>& xs, const Fp16Group& out);  // CUDA only
+  static void gemm_fp16(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b,
+                        const Tensor& c);                                     // CUDA only
 };
 
 }  // namespace tg

@@ -12,6 +12,7 @@
 
 #include "cuda_helpers.h"
 #include "op_table.h"
+#include "ops/matmul_kernels.h"
 #ifdef TG_CUDA
 #include "core/cuda_context.h"
 #endif
@@ -82,6 +83,50 @@ TEST_CASE("cuda/matmul precision: TF32 is close to fp32, fp32 matches the CPU" *
   CHECK(max_abs_diff(tg::matmul(a.cuda(), b.cuda()), high) == 0.0);  // the global default follows
   tg::set_float32_matmul_precision("highest");
   CHECK(max_abs_diff(tg::matmul(a.cuda(), b.cuda()), highest) == 0.0);
+}
+
+// fp16 operands carry TF32's mantissa: on a weight gradient's shape (k =
+// tokens, both operands k-strided) the same error against fp64 as a TF32
+// GEMM within 2x, and far from fp32's, also for inputs far outside fp16's
+// range (scaled on the device).
+TEST_CASE("cuda/gemm_fp16: TF32's accuracy at any magnitude, every transpose, two matrices per group" *
+          doctest::skip(kNoGpu)) {
+  for (const double magnitude : {1.0, 1e-9, 1e9}) {
+    CAPTURE(magnitude);
+    const tg::Tensor a = tg::mul(tg::randn({2048, 256}), magnitude), b = tg::randn({2048, 384});
+    const tg::Tensor exact = tg::matmul(a.to(tg::DType::Float64).transpose(0, 1), b.to(tg::DType::Float64));
+    const tg::Tensor ag = a.cuda(), bg = b.cuda();
+    const auto error_of = [&](const tg::Tensor& c) {
+      return max_abs_diff(c.cpu().to(tg::DType::Float64), exact) / magnitude;
+    };
+    const tg::TensorOptions cuda32{tg::DType::Float32, tg::Device::CUDA};
+    const tg::Tensor fp32 = tg::empty({256, 384}, cuda32), tf32 = tg::empty({256, 384}, cuda32),
+                     fp16 = tg::full({256, 384}, std::nan(""), cuda32);
+    tg::gemm_into("test", ag.transpose(0, 1), bg, fp32, 0.0, tg::MatmulPrecision::Highest);
+    tg::gemm_into("test", ag.transpose(0, 1), bg, tf32, 0.0, tg::MatmulPrecision::High);
+    tg::gemm_fp16_into(tg::to_fp16({bg, ag}), 1, true, 0, false, fp16);
+    CHECK(error_of(fp16) < 2 * error_of(tf32));
+    CHECK(error_of(fp16) > 20 * error_of(fp32));
+  }
+  // Every transpose combination against the fp32 GEMM, odd element counts, a misaligned start.
+  const tg::Tensor x = tg::randn({33, 17}).cuda(), y = tg::randn({17, 9}).cuda();
+  const tg::Tensor xt = x.transpose(0, 1).contiguous();
+  tg::Tensor yt = tg::randn({1 + 9 * 17}).cuda().narrow(0, 1, 9 * 17);
+  yt.copy_(y.transpose(0, 1).contiguous().view({9 * 17}));
+  const tg::Tensor expected = tg::matmul(x, y).cpu();
+  const tg::Fp16Group group = tg::to_fp16({x, y, xt, yt.view({9, 17})});
+  for (const bool ta : {false, true})
+    for (const bool tb : {false, true}) {
+      CAPTURE(ta);
+      CAPTURE(tb);
+      const tg::Tensor c = tg::full({33, 9}, std::nan(""), {tg::DType::Float32, tg::Device::CUDA});
+      tg::gemm_fp16_into(group, ta ? 2 : 0, ta, tb ? 3 : 1, tb, c);
+      CHECK(max_abs_diff(c.cpu(), expected) < 2e-2);
+    }
+  CHECK_THROWS_WITH(tg::gemm_fp16_into(group, 0, false, 0, false, tg::empty({33, 17}, {tg::DType::Float32, tg::Device::CUDA})),
+                    doctest::Contains("does not give c"));
+  CHECK_THROWS_WITH(tg::gemm_fp16_into(group, 0, false, 4, false, tg::empty({33, 9}, {tg::DType::Float32, tg::Device::CUDA})),
+                    doctest::Contains("matrices 0 and 4 of a group of 4"));
 }
 
 TEST_CASE("cuda/dropout: the mask is bit-identical to the CPU's" * doctest::skip(kNoGpu)) {

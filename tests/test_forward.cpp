@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "helpers.h"
+#include "ops/matmul_kernels.h"
 
 using namespace tgtest;
 
@@ -104,6 +105,13 @@ TEST_CASE("forward/matmul") {
   const tg::Tensor batched = tg::matmul(a.expand({3, 2, 3}), b);
   CHECK(batched.shape() == tg::Shape{3, 2, 2});
   CHECK(batched.at({2, 1, 1}) == 154);
+}
+
+TEST_CASE("forward/fp16 GEMM operands: CUDA only, a clear error elsewhere") {
+  CHECK_THROWS_WITH(tg::to_fp16({tg::ones({2, 2})}), doctest::Contains("CUDA only"));
+  CHECK_THROWS_WITH(tg::to_fp16({}), doctest::Contains("takes 1 to 4 matrices, got 0"));
+  CHECK_THROWS_WITH(tg::to_fp16({tg::ones({2, 2}).transpose(0, 1).contiguous(), tg::ones({2, 3}).transpose(0, 1)}),
+                    doctest::Contains("must be a contiguous 2-D float32 matrix"));
 }
 
 TEST_CASE("forward/linear") {
