@@ -62,7 +62,11 @@ struct Tf32 {
 };
 
 // "highest": three TF32 products per tile (the small terms first); staged
-// operands keep their full value, which the split needs.
+// operands keep their full value, which the split needs. The tensor cores
+// round each sum toward zero at the scale of the accumulator, a bias that
+// grows with the number of products added into it and that cancelling sums of
+// the results (the edit-bias gradients) amplify; so a tile's three products go
+// into a fresh accumulator, added to the running one by one rounded FADD.
 struct Tf32x3 {
   static constexpr bool kRoundsStaged = false;
   template <int N>
@@ -84,9 +88,12 @@ struct Tf32x3 {
     return make(v);
   }
   __device__ __forceinline__ static void mma(float (&d)[4], const Frag<4>& a, const Frag<2>& b) {
-    mma_16x8x8(d, a.small, b.big);
-    mma_16x8x8(d, a.big, b.small);
-    mma_16x8x8(d, a.big, b.big);
+    float step[4] = {};
+    mma_16x8x8(step, a.small, b.big);
+    mma_16x8x8(step, a.big, b.small);
+    mma_16x8x8(step, a.big, b.big);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) d[i] += step[i];
   }
 };
 

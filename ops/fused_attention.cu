@@ -288,7 +288,9 @@ __global__ void __launch_bounds__(kFwdThreads) attention_forward_kernel(ForwardA
 // tile's Q, dO (and Pd) as soon as this tile's are read, during dQ and dE.
 
 constexpr int kBwdKeys = 64, kBwdRows = 64, kBwdThreads = 128, kBwdCtasPerSm = 2;
-constexpr int kBwdSmemFloats = (2 * kBwdKeys + kD + 3 * kBwdRows) * kStride + 4 * kBwdRows + 2 * kBwdKeys;
+constexpr int kBwdSmemFloats = (2 * kBwdKeys + kD + 3 * kBwdRows) * kStride + 4 * kBwdRows + 2 * 4 * kBwdRows +
+                               2 * kBwdKeys;  // the q_sums doubles at an even float offset
+static_assert((2 * kBwdKeys + kD + 3 * kBwdRows) * kStride % 2 == 0, "q_sums (doubles) must be 8-byte aligned");
 static_assert(kBwdRows <= kBwdKeys && kBwdKeys <= kStride, "the Pd tile is staged where K is, at stride kStride");
 static_assert(kBwdKeys == 16 * (kBwdThreads / 32) && kBwdRows == kBwdKeys,
               "a warp holds 16 keys (key_of_row) and computes dQ for 16 queries");
@@ -299,18 +301,38 @@ struct BackwardArgs {
   const float *lse, *delta;   // [B,H,S]
   const float *P, *Pd;        // [B,H,S,S], or null: recompute
   HeadRows<float> dq, dk, dv;
-  float *dE, *dw_in, *dw_x;       // optional (null: not wanted)
+  float* dE;                      // optional (null: not wanted)
+  double* dw_sums;                // [2,H]: sum dS e_i e_j, sum dS cross(e_i, e_j); null: not wanted
   float *colsum_ds, *rowsum_pd;   // with kRead
+  double* row_sums;               // [4,B,H,S] with kRowSums: A, B, m, n of each query row
   ScoreArgs sc;
   int splits;
 };
 
 __device__ __forceinline__ int key_of_row(int warp, int r) { return 16 * warp + (r < 8 ? 2 * r : 2 * (r - 8) + 1); }
 
+// Adds v, summed over the warp's 16 keys (the lanes of one t), to *row in
+// shared memory.
+template <class T>
+__device__ __forceinline__ void add_over_warp_keys(T v, T* row, int g) {
+  v += __shfl_xor_sync(0xffffffffu, v, 4);
+  v += __shfl_xor_sync(0xffffffffu, v, 8);
+  v += __shfl_xor_sync(0xffffffffu, v, 16);
+  if (g == 0) atomicAdd(row, v);
+}
+
 // kRead: P and Pd are read (the benchmark interface, with the row and column
 // sums for the bias gradient); else recomputed from the log-sum-exp (training).
+// kRowSums ("highest" with kRead): dw_in and dw_x are sums of dS that cancel
+// ~200-fold, so at "highest" they are formed as the fp32 reference forms
+// them, from the kernel's own dP with R = rowsum(dP P) rather than Delta =
+// do . o of the given o (whose rounding differs from R's), out of four fp64
+// row sums
+//   A = sum_j P dP e_j,  B = sum_j P dP (1 - e_j),  m = sum_j P e_j,  n = sum_j P (1 - e_j)
+// (P dP = Pd dPd), which finish_edit_bias_sums combines (docs/derivations.md).
 template <class Mma, bool kRead>
 __global__ void __launch_bounds__(kBwdThreads, kBwdCtasPerSm) attention_backward_kernel(BackwardArgs p) {
+  constexpr bool kRowSums = kRead && !Mma::kRoundsStaged;
   extern __shared__ __align__(16) float smem[];
   float* Ks = smem;                          // [key][d]; with kRead, after KTs is made: Pd [query][key]
   float* Vs = Ks + kBwdKeys * kStride;       // [key][d]
@@ -322,7 +344,8 @@ __global__ void __launch_bounds__(kBwdThreads, kBwdCtasPerSm) attention_backward
   float* q_delta = q_lse + kBwdRows;
   float* q_e = q_delta + kBwdRows;
   float* q_rowsum = q_e + kBwdRows;
-  float* key_e = q_rowsum + kBwdRows;
+  double* q_sums = reinterpret_cast<double*>(q_rowsum + kBwdRows);  // [4][query]: see kRowSums
+  float* key_e = reinterpret_cast<float*>(q_sums + 4 * kBwdRows);
   float* key_ok = key_e + kBwdKeys;
   float* Pds = Ks;
   const ScoreArgs& sc = p.sc;
@@ -381,6 +404,7 @@ __global__ void __launch_bounds__(kBwdThreads, kBwdCtasPerSm) attention_backward
       q_delta[threadIdx.x] = ok ? p.delta[row] : 0.f;
       q_lse[threadIdx.x] = (ok && recompute) ? p.lse[row] : -INFINITY;
       q_rowsum[threadIdx.x] = 0.f;
+      for (int f = 0; f < 4; ++f) q_sums[f * kBwdRows + threadIdx.x] = 0;
     }
     async::wait<1>();  // this tile's Q and dO (and Pd) are in; its P or E may still be on the way
     stage_head_rows<Mma, kBwdThreads>(Qs, kBwdRows);
@@ -402,6 +426,7 @@ __global__ void __launch_bounds__(kBwdThreads, kBwdCtasPerSm) attention_backward
     for (int nt = 0; nt < 8; ++nt) {
       const int il0 = 8 * nt + 2 * t;
       float keep[2][2] = {{1.f, 1.f}, {1.f, 1.f}};  // [query column][key row]
+      double sums[4][2] = {};                       // kRowSums: A, B, m, n per query column
       if (recompute && sc.dropout)  // rows: the thread's two queries; the lane pair: g and g ^ 1
         pair_keep(sc, bh * sc.S + q0 + il0, bh * sc.S + q0 + il0 + 1, k0 + 16 * warp + 4 * (g >> 1), g & 1, 4, keep);
 #pragma unroll
@@ -422,13 +447,27 @@ __global__ void __launch_bounds__(kBwdThreads, kBwdCtasPerSm) attention_backward
           d = dropped * ds[nt][c] - prob * q_delta[il];
           colsum[r] += d;
           rowsum_part[nt][c & 1] += dropped;
+          if constexpr (kRowSums) {
+            const double pdp = double(dropped) * ds[nt][c];
+            sums[0][c & 1] += pdp * ej[r];
+            sums[1][c & 1] += pdp * (1.f - ej[r]);
+            sums[2][c & 1] += double(prob) * ej[r];
+            sums[3][c & 1] += double(prob) * (1.f - ej[r]);
+          }
         }
         pd[nt][c] = dropped;
         ds[nt][c] = d;
-        dw_in_part += d * q_e[il] * ej[r];
-        dw_x_part += d * cross_term(q_e[il], ej[r]);
+        if constexpr (!kRowSums) {
+          dw_in_part += d * q_e[il] * ej[r];
+          dw_x_part += d * cross_term(q_e[il], ej[r]);
+        }
         *staged = d;
       }
+      if constexpr (kRowSums)
+#pragma unroll
+        for (int f = 0; f < 4; ++f)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) add_over_warp_keys(sums[f][c], &q_sums[f * kBwdRows + il0 + c], g);
     }
 
     mma::accumulator_product<Mma, 8, 8>(dV, pd, dOs, kStride, lane);  // dV += Pd^T dO
@@ -485,8 +524,12 @@ __global__ void __launch_bounds__(kBwdThreads, kBwdCtasPerSm) attention_backward
         }
       }
     }
-    if (kRead && threadIdx.x < kBwdRows && q0 + threadIdx.x < sc.S)
-      atomicAdd(p.rowsum_pd + bh * sc.S + q0 + threadIdx.x, q_rowsum[threadIdx.x]);
+    if (kRead && threadIdx.x < kBwdRows && q0 + threadIdx.x < sc.S) {
+      const int64_t row = bh * sc.S + q0 + threadIdx.x, rows = sc.B * sc.H * sc.S;
+      atomicAdd(p.rowsum_pd + row, q_rowsum[threadIdx.x]);
+      if constexpr (kRowSums)
+        for (int f = 0; f < 4; ++f) atomicAdd(p.row_sums + f * rows + row, q_sums[f * kBwdRows + threadIdx.x]);
+    }
   }
 
   // The keys' gradients: dK (times scale) and dV, this split's share; the
@@ -506,11 +549,11 @@ __global__ void __launch_bounds__(kBwdThreads, kBwdCtasPerSm) attention_backward
     }
     if (kRead && t == 0) atomicAdd(p.colsum_ds + bh * sc.S + j, colsum[r]);
   }
-  if (p.dw_in) {
+  if (p.dw_sums) {  // fp64 across CTAs too: the partial sums are much larger than the total
     const double win = block_sum(dw_in_part), wx = block_sum(dw_x_part);
     if (threadIdx.x == 0) {
-      atomicAdd(p.dw_in + h, static_cast<float>(win));
-      atomicAdd(p.dw_x + h, static_cast<float>(wx));
+      atomicAdd(p.dw_sums + h, win);
+      atomicAdd(p.dw_sums + sc.H + h, wx);
     }
   }
 }
@@ -524,6 +567,29 @@ __global__ void row_dot_kernel(const float* dout, const float* o, float* delta, 
   const float2 x = *reinterpret_cast<const float2*>(dout + at), y = *reinterpret_cast<const float2*>(o + at);
   const float v = warp_sum(x.x * y.x + x.y * y.y);
   if (threadIdx.x % 32 == 0) delta[row] = v;
+}
+
+// dw_in[h] and dw_x[h] += their sums, one block per head: the kernel's fp64
+// sums, or with row_sums (kRowSums) the sums over rows (b, i) of
+//   e_i (A - R m)   and   e_i (B - R n) + (1 - e_i)(A - R m),   R = A + B,
+// which are sum_j dS e_j and sum_j dS (1 - e_j) with dS = P (dP - R).
+__global__ void finish_edit_bias_sums_kernel(const double* dw_sums, const double* row_sums, const float* e,
+                                             float* dw_in, float* dw_x, int64_t B, int64_t H, int64_t S) {
+  const int64_t h = blockIdx.x, rows = B * H * S;
+  double in = 0, cross = 0;
+  for (int64_t idx = threadIdx.x; row_sums && idx < B * S; idx += blockDim.x) {
+    const int64_t b = idx / S, i = idx % S, row = (b * H + h) * S + i;
+    const double A = row_sums[row], Bs = row_sums[rows + row], m = row_sums[2 * rows + row],
+                 n = row_sums[3 * rows + row], ei = e[idx], R = A + Bs;
+    in += ei * (A - R * m);
+    cross += ei * (Bs - R * n) + (1 - ei) * (A - R * m);
+  }
+  in = block_sum(in);
+  cross = block_sum(cross);
+  if (threadIdx.x == 0) {
+    dw_in[h] += static_cast<float>(row_sums ? in : dw_sums[h]);
+    dw_x[h] += static_cast<float>(row_sums ? cross : dw_sums[H + h]);
+  }
 }
 
 // Raises kKernel's dynamic shared memory limit, once per kernel (not again
@@ -569,17 +635,30 @@ void launch_backward(const AttentionInputs& in, const AttentionGradTensors& g) {
   // Enough CTAs for two waves: split the query tiles when the keys alone give too few.
   const int64_t ctas = key_tiles * d.B * d.H, want = 2 * kBwdCtasPerSm * int64_t(context().sm_count);
   const int splits = static_cast<int>(std::clamp<int64_t>((want + ctas - 1) / ctas, 1, query_tiles));
+  // The edit-bias scalar sums (dw_in, dw_x wanted): fp64 sums of the kernel, or its row sums (kRowSums).
+  constexpr bool row_sums = kRead && !Mma::kRoundsStaged;
+  const bool sums = g.dw_in.defined();
+  const TensorOptions f64{DType::Float64, Device::CUDA};
+  const Tensor dw_sums = sums && !row_sums ? zeros({2, d.H}, f64) : Tensor();
+  const Tensor rows = sums && row_sums ? zeros({4, d.B, d.H, d.S}, f64) : Tensor();
   const BackwardArgs args{head_rows<const float>(in.q), head_rows<const float>(in.k), head_rows<const float>(in.v),
                           g.dout.data<float>(), data_or_null<float>(g.lse), g.delta.data<float>(),
                           data_or_null<float>(g.probs), data_or_null<float>(g.probs_dropped),
                           head_rows<float>(g.dq), head_rows<float>(g.dk), head_rows<float>(g.dv),
-                          data_or_null<float>(g.dE), data_or_null<float>(g.dw_in), data_or_null<float>(g.dw_x),
-                          data_or_null<float>(g.colsum_ds), data_or_null<float>(g.rowsum_pd), score_args(in), splits};
+                          data_or_null<float>(g.dE), data_or_null<double>(dw_sums),
+                          data_or_null<float>(g.colsum_ds), data_or_null<float>(g.rowsum_pd),
+                          data_or_null<double>(rows), score_args(in), splits};
   const size_t bytes = kBwdSmemFloats * sizeof(float);
   allow_shared_memory<attention_backward_kernel<Mma, kRead>>(bytes);
   const dim3 grid(static_cast<unsigned>(key_tiles * splits), static_cast<unsigned>(d.B * d.H));
   attention_backward_kernel<Mma, kRead><<<grid, kBwdThreads, bytes, stream()>>>(args);
   check_launch("fused_attention_backward");
+  if (sums) {
+    finish_edit_bias_sums_kernel<<<static_cast<unsigned>(d.H), 256, 0, stream()>>>(
+        args.dw_sums, args.row_sums, in.edit_mask.data<float>(), g.dw_in.data<float>(), g.dw_x.data<float>(),
+        d.B, d.H, d.S);
+    check_launch("fused_attention_backward (edit-bias sums)");
+  }
 }
 
 }  // namespace
