@@ -47,10 +47,25 @@ wants safetensors && step "safetensors in PyTorch" run.log bash -c "'$bin/tg_tes
 # Under the sanitizers: the GPU suite without the fault probe (it faults on
 # purpose, in a child) and the benchmark-size fused case (the edge-shape case
 # runs the same kernels at sizes the tools get through).
+# racecheck reports hazards inside cuBLAS's fp16 GEMM kernels (nvjet_*: their
+# asynchronous-copy barriers are beyond it; excluding them by name makes it
+# fault), so its step fails on a failed suite or a hazard in any other kernel.
+racecheck_ours() {
+  local log=${TMPDIR:-/tmp}/racecheck.log
+  compute-sanitizer --tool racecheck "$@" >"$log" 2>&1
+  local rc=$?
+  cat "$log"
+  grep "Race reported" "$log" | grep -v "nvjet_" && return 9
+  return $rc
+}
 if wants sanitizers; then
   for tool in ${TG_SANITIZERS-memcheck racecheck synccheck initcheck}; do
-    step "$tool" sanitizer.log env TG_CUDA_NO_CACHING=1 compute-sanitizer --tool "$tool" --error-exitcode 9 \
-      "$bin/tg_cuda_tests" --test-case-exclude='cuda/sync debug mode*,fused/benchmark interface at benchmark sizes*'
+    tests=("$bin/tg_cuda_tests" --test-case-exclude='cuda/sync debug mode*,fused/benchmark interface at benchmark sizes*')
+    if [ "$tool" = racecheck ]; then
+      step "$tool" sanitizer.log env TG_CUDA_NO_CACHING=1 bash -c "$(declare -f racecheck_ours); racecheck_ours \"\$@\"" _ "${tests[@]}"
+    else
+      step "$tool" sanitizer.log env TG_CUDA_NO_CACHING=1 compute-sanitizer --tool "$tool" --error-exitcode 9 "${tests[@]}"
+    fi
   done
 fi
 wants bench_ops && step "bench ops" bench.txt "$bin/bench_ops" --json "$OUT/bench_ops.json"
