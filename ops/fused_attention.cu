@@ -635,11 +635,11 @@ void launch_backward(const AttentionInputs& in, const AttentionGradTensors& g) {
   // Enough CTAs for two waves: split the query tiles when the keys alone give too few.
   const int64_t ctas = key_tiles * d.B * d.H, want = 2 * kBwdCtasPerSm * int64_t(context().sm_count);
   const int splits = static_cast<int>(std::clamp<int64_t>((want + ctas - 1) / ctas, 1, query_tiles));
-  // The edit-bias scalar sums (dw_in, dw_x wanted): fp64 sums of the kernel, or its row sums (kRowSums).
+  // The edit-bias scalar sums (dw_in, dw_x wanted): fp64 sums of the kernel, with kRowSums its row sums.
   constexpr bool row_sums = kRead && !Mma::kRoundsStaged;
   const bool sums = g.dw_in.defined();
   const TensorOptions f64{DType::Float64, Device::CUDA};
-  const Tensor dw_sums = sums && !row_sums ? zeros({2, d.H}, f64) : Tensor();
+  const Tensor dw_sums = sums ? zeros({2, d.H}, f64) : Tensor();
   const Tensor rows = sums && row_sums ? zeros({4, d.B, d.H, d.S}, f64) : Tensor();
   const BackwardArgs args{head_rows<const float>(in.q), head_rows<const float>(in.k), head_rows<const float>(in.v),
                           g.dout.data<float>(), data_or_null<float>(g.lse), g.delta.data<float>(),
