@@ -113,6 +113,40 @@ TEST_CASE("fused/cpu float64: the benchmark interface backward equals the decomp
   CHECK(max_abs_diff(g.cross_edit_bias, P.cross_edit_bias.grad()) < 1e-10);
 }
 
+// The "highest" benchmark interface forms dw_in and dw_x from four row sums
+// (ops/fused_attention.cu, kRowSums; docs/derivations.md): the identity, in
+// float64 loops, on rows with masked keys and on a fully masked row.
+TEST_CASE("fused/cpu float64: the edit-bias scalars from the row sums A, B, m, n") {
+  tg::manual_seed(5);
+  const int64_t rows = 6, S = 9;
+  const std::vector<double> u = tg::rand({S}).to_vector(), dP = tg::randn({rows, S}).to_vector();
+  std::vector<double> e(S);
+  for (int64_t j = 0; j < S; ++j) e[j] = u[j] < 0.5 ? 1.0 : 0.0;
+  std::vector<double> P(rows * S, 0.0);
+  for (int64_t i = 0; i + 1 < rows; ++i) {  // the last row: every key masked, P = 0
+    double total = 0;
+    for (int64_t j = 0; j < S; ++j) total += P[i * S + j] = (j + i) % 4 == 0 ? 0.0 : std::exp(0.3 * double(i - j));
+    for (int64_t j = 0; j < S; ++j) P[i * S + j] /= total;
+  }
+  double in_direct = 0, x_direct = 0, in_rows = 0, x_rows = 0;
+  for (int64_t i = 0; i < rows; ++i) {
+    const double ei = e[i % S];
+    double R = 0, A = 0, B = 0, m = 0, n = 0;
+    for (int64_t j = 0; j < S; ++j) R += P[i * S + j] * dP[i * S + j];
+    for (int64_t j = 0; j < S; ++j) {
+      const double p = P[i * S + j], pdp = p * dP[i * S + j], dS = p * (dP[i * S + j] - R);
+      in_direct += dS * ei * e[j];
+      x_direct += dS * (ei * (1 - e[j]) + (1 - ei) * e[j]);
+      A += pdp * e[j], B += pdp * (1 - e[j]), m += p * e[j], n += p * (1 - e[j]);
+    }
+    in_rows += ei * (A - (A + B) * m);
+    x_rows += ei * (B - (A + B) * n) + (1 - ei) * (A - (A + B) * m);
+  }
+  CHECK(std::abs(in_direct) > 1e-3);  // not a trivial zero
+  CHECK(std::abs(in_rows - in_direct) < 1e-12);
+  CHECK(std::abs(x_rows - x_direct) < 1e-12);
+}
+
 TEST_CASE("errors/fused attention") {
   const tg::Tensor qkv = tg::zeros({1, 3, 24}), e = tg::zeros({1, 3}), a = tg::ones({1, 3});
   const tg::Tensor E = tg::zeros({2, 4, 4}), w = tg::zeros({2, 1, 1});
