@@ -153,11 +153,12 @@ Fp16Group to_fp16(const std::vector<Tensor>& xs) {
   TG_CHECK(!xs.empty() && xs.size() <= size_t(kMaxFp16Group), "to_fp16: takes 1 to ", kMaxFp16Group,
            " matrices, got ", xs.size());
   Fp16Group group;
-  for (const Tensor& x : xs) {
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const Tensor& x = xs[i];
     check_defined("to_fp16", "x", x);
     TG_CHECK(x.dtype() == DType::Float32 && x.dim() == 2 && x.is_contiguous() && x.device() == xs[0].device(),
-             "to_fp16: x ", x.shape(), " must be a contiguous 2-D float32 matrix on ", xs[0].device(), ", got ",
-             dtype_name(x.dtype()), " on ", x.device());
+             "to_fp16: matrix ", i, " must be contiguous, 2-D, float32 and on ", xs[0].device(), " like matrix 0; got ",
+             dtype_name(x.dtype()), " ", x.shape(), " with strides ", x.strides(), " on ", x.device());
     group.matrices.push_back({empty({(x.numel() + 1) / 2}, {DType::Float32, x.device()}), x.size(0), x.size(1)});
   }
   group.scalars = empty({kMaxFp16Group * kMaxFp16Group + 1}, {DType::Float32, xs[0].device()});
@@ -174,6 +175,8 @@ void gemm_fp16_into(const Fp16Group& group, int a, bool transpose_a, int b, bool
   TG_CHECK(k == kb && c.dim() == 2 && c.size(0) == n && c.size(1) == m && c.is_contiguous() &&
                c.dtype() == DType::Float32,
            "gemm_fp16: [", n, ", ", k, "] @ [", kb, ", ", m, "] does not give c ", c.shape(), " (contiguous float32)");
+  if (c.numel() == 0) return;
+  if (k == 0) return fill_into(c, 0.0);  // an empty sum
   TG_DISPATCH_DEVICE(c, GemmKernels, gemm_fp16, group, a, transpose_a, b, transpose_b, c);
 }
 

@@ -81,11 +81,13 @@ struct Fp16Batch {
   int count;
 };
 
-__device__ __forceinline__ float abs_or_inf(float v) { return isnan(v) ? INFINITY : fabsf(v); }
+// |v| for a finite v, else 0: an Inf or NaN converts to fp16 Inf or NaN at
+// any scale, so it must not set the scale of the finite elements.
+__device__ __forceinline__ float finite_abs(float v) { return isfinite(v) ? fabsf(v) : 0.f; }
 
-// max |x| of matrix blockIdx.y: a block max, then one atomicMax per block (a
-// few hundred blocks per matrix: atomics on one address serialise). A NaN
-// counts as infinite.
+// The largest finite |x| of matrix blockIdx.y: a block max, then one
+// atomicMax per block (a few hundred blocks per matrix: atomics on one
+// address serialise).
 __global__ void abs_max_kernel(const __grid_constant__ Fp16Batch batch) {
   const int t = blockIdx.y;
   const float* x = batch.x[t];
@@ -94,9 +96,9 @@ __global__ void abs_max_kernel(const __grid_constant__ Fp16Batch batch) {
   float m = 0.f;
   for (int64_t q = tid; q < vectors; q += stride) {
     const float4 v = reinterpret_cast<const float4*>(x)[q];
-    m = fmaxf(fmaxf(m, fmaxf(abs_or_inf(v.x), abs_or_inf(v.y))), fmaxf(abs_or_inf(v.z), abs_or_inf(v.w)));
+    m = fmaxf(fmaxf(m, fmaxf(finite_abs(v.x), finite_abs(v.y))), fmaxf(finite_abs(v.z), finite_abs(v.w)));
   }
-  for (int64_t i = 4 * vectors + tid; i < n; i += stride) m = fmaxf(m, abs_or_inf(x[i]));
+  for (int64_t i = 4 * vectors + tid; i < n; i += stride) m = fmaxf(m, finite_abs(x[i]));
   m = warp_reduce(m, [](float p, float q) { return fmaxf(p, q); });
   __shared__ float partial[kThreads / 32];
   if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = m;
@@ -107,14 +109,16 @@ __global__ void abs_max_kernel(const __grid_constant__ Fp16Batch batch) {
   }
 }
 
-// 2^e with max |x| 2^e in [2^13, 2^14): 1 for an all-zero or non-finite x,
-// at most 2^126 for a tiny one.
+// 2^e with max |x| 2^e in [2^13, 2^14) (1 for an all-zero x), e clamped to
+// [-63, 63] so that a pair's alpha 2^-(e_i + e_j) stays a normal float: exact
+// for max |x| in [2^-49, 2^77], and for smaller ones the largest element still
+// lands above fp16's subnormals down to max |x| = 2^-77.
 __device__ __forceinline__ float fp16_scale(unsigned amax_bits) {
   const float amax = __uint_as_float(amax_bits);
-  if (amax == 0.f || !isfinite(amax)) return 1.f;
+  if (amax == 0.f) return 1.f;
   int exponent;
   frexpf(amax, &exponent);  // amax = f 2^exponent, f in [0.5, 1)
-  return ldexpf(1.f, min(14 - exponent, 126));
+  return ldexpf(1.f, max(-63, min(14 - exponent, 63)));
 }
 
 // x 2^e to fp16, four elements per thread, for matrix blockIdx.y; block (0, 0)

@@ -36,11 +36,14 @@ void gemm_into(const char* op, const Tensor& a, const Tensor& b, const Tensor& c
 // GEMM operands on fp16 tensor cores (the attention layer's projections at
 // "high": fp16 has TF32's 10-bit mantissa and runs at twice its rate). Each
 // matrix x is stored as x 2^e rounded to fp16, with e chosen on the device
-// from max |x| so that the largest magnitude lands in [2^13, 2^14): inside
-// fp16's range and far above its subnormals. A group of up to kMaxFp16Group
-// matrices is converted by one max kernel and one conversion kernel, which
-// also writes the cuBLAS alpha 2^-(e_i + e_j) of every pair. tapegrad has no
-// fp16 dtype: the elements are packed two per float32 and never leave the GEMMs.
+// from the largest finite |x| so that it lands in [2^13, 2^14): inside fp16's
+// range, and every element within 2^-27 of it keeps TF32's precision (smaller
+// ones become fp16 subnormals: one scale per matrix, not per row; Inf and NaN
+// stay Inf and NaN). |e| <= 63, so that is exact for max |x| in [2^-49, 2^77].
+// A group of up to kMaxFp16Group matrices is converted by one max kernel and
+// one conversion kernel, which also writes the cuBLAS alpha 2^-(e_i + e_j) of
+// every pair. tapegrad has no fp16 dtype: the elements are packed two per
+// float32 and never leave the GEMMs.
 constexpr int kMaxFp16Group = 4;
 struct Fp16Matrix {
   Tensor values;  // [ceil(rows cols / 2)] float32 storage of the fp16 elements, row-major

@@ -55,7 +55,7 @@ racecheck_ours() {
   compute-sanitizer --tool racecheck "$@" >"$log" 2>&1
   local rc=$?
   cat "$log"
-  grep "Race reported" "$log" | grep -v "nvjet_" && return 9
+  grep "Error: Race reported" "$log" | grep -v "nvjet_" && return 9
   return $rc
 }
 if wants sanitizers; then

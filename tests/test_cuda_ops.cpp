@@ -91,13 +91,15 @@ TEST_CASE("cuda/matmul precision: TF32 is close to fp32, fp32 matches the CPU" *
 // range (scaled on the device).
 TEST_CASE("cuda/gemm_fp16: TF32's accuracy at any magnitude, every transpose, two matrices per group" *
           doctest::skip(kNoGpu)) {
-  for (const double magnitude : {1.0, 1e-9, 1e9}) {
+  for (const auto& [magnitude, b_magnitude] : std::vector<std::pair<double, double>>{{1.0, 1.0}, {1e-9, 1.0}, {1e9, 1.0},
+                                                                                      {1e-17, 1e-17}}) {
     CAPTURE(magnitude);
-    const tg::Tensor a = tg::mul(tg::randn({2048, 256}), magnitude), b = tg::randn({2048, 384});
+    CAPTURE(b_magnitude);
+    const tg::Tensor a = tg::mul(tg::randn({2048, 256}), magnitude), b = tg::mul(tg::randn({2048, 384}), b_magnitude);
     const tg::Tensor exact = tg::matmul(a.to(tg::DType::Float64).transpose(0, 1), b.to(tg::DType::Float64));
     const tg::Tensor ag = a.cuda(), bg = b.cuda();
     const auto error_of = [&](const tg::Tensor& c) {
-      return max_abs_diff(c.cpu().to(tg::DType::Float64), exact) / magnitude;
+      return max_abs_diff(c.cpu().to(tg::DType::Float64), exact) / (magnitude * b_magnitude);
     };
     const tg::TensorOptions cuda32{tg::DType::Float32, tg::Device::CUDA};
     const tg::Tensor fp32 = tg::empty({256, 384}, cuda32), tf32 = tg::empty({256, 384}, cuda32),
@@ -107,6 +109,19 @@ TEST_CASE("cuda/gemm_fp16: TF32's accuracy at any magnitude, every transpose, tw
     tg::gemm_fp16_into(tg::to_fp16({bg, ag}), 1, true, 0, false, fp16);
     CHECK(error_of(fp16) < 2 * error_of(tf32));
     CHECK(error_of(fp16) > 20 * error_of(fp32));
+  }
+  // An Inf spoils its own row of the product only, not the scale of the other
+  // elements (at 1e-6 they are fp16 subnormals unless scaled: ~3e-7 off, not ~7e-9).
+  {
+    std::vector<double> values = tg::mul(tg::randn({64, 32}), 1e-6).to_vector();
+    values[5 * 32 + 7] = INFINITY;
+    const tg::Tensor a = tg::from_vector(values, {64, 32}, {tg::DType::Float32}), b = tg::randn({32, 16});
+    const tg::Tensor c = tg::empty({64, 16}, {tg::DType::Float32, tg::Device::CUDA});
+    tg::gemm_fp16_into(tg::to_fp16({a.cuda(), b.cuda()}), 0, false, 1, false, c);
+    const tg::Tensor got = c.cpu(), expected = tg::matmul(a, b);
+    for (int64_t j = 0; j < 16; ++j) CHECK(!std::isfinite(got.at({5, j})));
+    CHECK(max_abs_diff(got.narrow(0, 0, 5), expected.narrow(0, 0, 5)) < 5e-8);
+    CHECK(max_abs_diff(got.narrow(0, 6, 58), expected.narrow(0, 6, 58)) < 5e-8);
   }
   // Every transpose combination against the fp32 GEMM, odd element counts, a misaligned start.
   const tg::Tensor x = tg::randn({33, 17}).cuda(), y = tg::randn({17, 9}).cuda();

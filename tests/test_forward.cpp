@@ -111,7 +111,7 @@ TEST_CASE("forward/fp16 GEMM operands: CUDA only, a clear error elsewhere") {
   CHECK_THROWS_WITH(tg::to_fp16({tg::ones({2, 2})}), doctest::Contains("CUDA only"));
   CHECK_THROWS_WITH(tg::to_fp16({}), doctest::Contains("takes 1 to 4 matrices, got 0"));
   CHECK_THROWS_WITH(tg::to_fp16({tg::ones({2, 2}).transpose(0, 1).contiguous(), tg::ones({2, 3}).transpose(0, 1)}),
-                    doctest::Contains("must be a contiguous 2-D float32 matrix"));
+                    doctest::Contains("to_fp16: matrix 1 must be contiguous, 2-D, float32 and on cpu like matrix 0; got float32 [3,2] with strides [1,3]"));
 }
 
 TEST_CASE("forward/linear") {
