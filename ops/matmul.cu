@@ -111,8 +111,8 @@ __global__ void abs_max_kernel(const __grid_constant__ Fp16Batch batch) {
 
 // 2^e with max |x| 2^e in [2^13, 2^14) (1 for an all-zero x), e clamped to
 // [-63, 63] so that a pair's alpha 2^-(e_i + e_j) stays a normal float: exact
-// for max |x| in [2^-49, 2^77], and for smaller ones the largest element still
-// lands above fp16's subnormals down to max |x| = 2^-77.
+// for max |x| in [2^-49, 2^77]; below, the largest element still lands above
+// fp16's subnormals down to max |x| = 2^-77; above 2^79 it overflows to Inf.
 __device__ __forceinline__ float fp16_scale(unsigned amax_bits) {
   const float amax = __uint_as_float(amax_bits);
   if (amax == 0.f) return 1.f;

@@ -39,7 +39,9 @@ void gemm_into(const char* op, const Tensor& a, const Tensor& b, const Tensor& c
 // from the largest finite |x| so that it lands in [2^13, 2^14): inside fp16's
 // range, and every element within 2^-27 of it keeps TF32's precision (smaller
 // ones become fp16 subnormals: one scale per matrix, not per row; Inf and NaN
-// stay Inf and NaN). |e| <= 63, so that is exact for max |x| in [2^-49, 2^77].
+// stay Inf and NaN). |e| <= 63 keeps every pair's alpha a normal float, so
+// this holds for max |x| in [2^-49, 2^77]; outside it precision drops
+// gradually below, and above 2^79 the largest elements overflow to Inf.
 // A group of up to kMaxFp16Group matrices is converted by one max kernel and
 // one conversion kernel, which also writes the cuBLAS alpha 2^-(e_i + e_j) of
 // every pair. tapegrad has no fp16 dtype: the elements are packed two per
