@@ -92,18 +92,24 @@ constexpr int kRowsPerBlock = 8;
 inline unsigned row_blocks(int64_t rows) { return static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock); }
 __device__ __forceinline__ int64_t warp_row() { return blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / 32; }
 
-// Sum over the whole block; every thread gets the result. Safe to call repeatedly.
-template <class T>
-__device__ T block_sum(T v) {
+// Combines the whole block's values with `op` (`identity` its neutral
+// element); every thread gets the result. Safe to call repeatedly.
+template <class T, class Op>
+__device__ T block_reduce(T v, const Op& op, T identity) {
   __shared__ T partial[32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = (blockDim.x + 31) / 32;
-  v = warp_sum(v);
+  v = warp_reduce(v, op);
   if (lane == 0) partial[warp] = v;
   __syncthreads();
-  T total = lane < warps ? partial[lane] : T(0);
-  total = warp_sum(total);
+  T total = lane < warps ? partial[lane] : identity;
+  total = warp_reduce(total, op);
   __syncthreads();  // partial[] may be reused by the next call
   return total;
+}
+
+template <class T>
+__device__ T block_sum(T v) {
+  return block_reduce(v, [](T a, T b) { return a + b; }, T(0));
 }
 
 }  // namespace tg::cuda

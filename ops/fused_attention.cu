@@ -302,7 +302,7 @@ struct BackwardArgs {
   const float *P, *Pd;        // [B,H,S,S], or null: recompute
   HeadRows<float> dq, dk, dv;
   float* dE;                      // optional (null: not wanted)
-  double* dw_sums;                // [2,H]: sum dS e_i e_j, sum dS cross(e_i, e_j); null: not wanted
+  double* dw_sums;                // [2,H]: sum dS e_i e_j, sum dS cross(e_i, e_j); null: not wanted or kRowSums
   float *colsum_ds, *rowsum_pd;   // with kRead
   double* row_sums;               // [4,B,H,S] with kRowSums: A, B, m, n of each query row
   ScoreArgs sc;
@@ -477,13 +477,7 @@ __global__ void __launch_bounds__(kBwdThreads, kBwdCtasPerSm) attention_backward
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          float v = rowsum_part[nt][c];
-          v += __shfl_xor_sync(0xffffffffu, v, 4);
-          v += __shfl_xor_sync(0xffffffffu, v, 8);
-          v += __shfl_xor_sync(0xffffffffu, v, 16);
-          if (g == 0) atomicAdd(&q_rowsum[8 * nt + 2 * t + c], v);
-        }
+        for (int c = 0; c < 2; ++c) add_over_warp_keys(rowsum_part[nt][c], &q_rowsum[8 * nt + 2 * t + c], g);
     }
     __syncthreads();  // dS and the row sums are complete; Q, dO and Pd are read
     if (qt + p.splits < query_tiles) {
@@ -635,11 +629,11 @@ void launch_backward(const AttentionInputs& in, const AttentionGradTensors& g) {
   // Enough CTAs for two waves: split the query tiles when the keys alone give too few.
   const int64_t ctas = key_tiles * d.B * d.H, want = 2 * kBwdCtasPerSm * int64_t(context().sm_count);
   const int splits = static_cast<int>(std::clamp<int64_t>((want + ctas - 1) / ctas, 1, query_tiles));
-  // The edit-bias scalar sums (dw_in, dw_x wanted): fp64 sums of the kernel, with kRowSums its row sums.
+  // The edit-bias scalar sums (dw_in, dw_x wanted): the kernel's fp64 sums, or with kRowSums its row sums.
   constexpr bool row_sums = kRead && !Mma::kRoundsStaged;
   const bool sums = g.dw_in.defined();
   const TensorOptions f64{DType::Float64, Device::CUDA};
-  const Tensor dw_sums = sums ? zeros({2, d.H}, f64) : Tensor();
+  const Tensor dw_sums = sums && !row_sums ? zeros({2, d.H}, f64) : Tensor();
   const Tensor rows = sums && row_sums ? zeros({4, d.B, d.H, d.S}, f64) : Tensor();
   const BackwardArgs args{head_rows<const float>(in.q), head_rows<const float>(in.k), head_rows<const float>(in.v),
                           g.dout.data<float>(), data_or_null<float>(g.lse), g.delta.data<float>(),

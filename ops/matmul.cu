@@ -99,14 +99,8 @@ __global__ void abs_max_kernel(const __grid_constant__ Fp16Batch batch) {
     m = fmaxf(fmaxf(m, fmaxf(finite_abs(v.x), finite_abs(v.y))), fmaxf(finite_abs(v.z), finite_abs(v.w)));
   }
   for (int64_t i = 4 * vectors + tid; i < n; i += stride) m = fmaxf(m, finite_abs(x[i]));
-  m = warp_reduce(m, [](float p, float q) { return fmaxf(p, q); });
-  __shared__ float partial[kThreads / 32];
-  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = m;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < kThreads / 32; ++w) m = fmaxf(m, partial[w]);
-    atomicMax(&batch.amax[t], __float_as_uint(m));
-  }
+  m = block_reduce(m, [](float p, float q) { return fmaxf(p, q); }, 0.f);
+  if (threadIdx.x == 0) atomicMax(&batch.amax[t], __float_as_uint(m));
 }
 
 // 2^e with max |x| 2^e in [2^13, 2^14) (1 for an all-zero x), e clamped to
