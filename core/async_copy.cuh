@@ -15,7 +15,7 @@ __device__ __forceinline__ uint32_t shared_address(const void* p) {
 }
 
 // 16 bytes; both addresses 16-byte aligned. Cached in L2 only (.cg).
-__device__ __forceinline__ void copy16(float* dst, const float* src, bool valid) {
+__device__ __forceinline__ void copy16(void* dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(dst)), "l"(src),
                "r"(valid ? 16 : 0)
                : "memory");

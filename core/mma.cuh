@@ -1,5 +1,6 @@
-// Tensor-core primitives for float32 data, written once: TF32 rounding, the
-// m16n8k8 TF32 mma.sync, ldmatrix for 32-bit fragments, vector reductions.
+// Tensor-core primitives, written once: TF32 rounding, the m16n8k8 TF32
+// mma.sync, ldmatrix for 32-bit fragments, vector reductions; and the m16n8k16
+// fp16 mma.sync with its 16-bit fragments (the section "fp16 operands" below).
 //
 // Fragments of one m16n8k8 product (PTX ISA, "mma.m16n8k8 .tf32"), for lane
 // l with g = l / 4 and t = l % 4:
@@ -11,6 +12,7 @@
 // split as big + small, both TF32, and a b ~ a_big b_big + a_big b_small +
 // a_small b_big, which carries fp32-level accuracy).
 #pragma once
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -36,7 +38,9 @@ __device__ __forceinline__ void mma_16x8x8(float (&d)[4], const uint32_t (&a)[4]
 // by many products) are rounded once when they land, so their fragments need
 // no conversion (make_staged).
 struct Tf32 {
+  using Staged = float;  // the element type of operand tiles in shared memory
   static constexpr bool kRoundsStaged = true;
+  static constexpr bool kHighest = false;
   template <int N>
   struct Frag {
     uint32_t big[N];
@@ -68,7 +72,9 @@ struct Tf32 {
 // the results (the edit-bias gradients) amplify; so a tile's three products go
 // into a fresh accumulator, added to the running one by one rounded FADD.
 struct Tf32x3 {
+  using Staged = float;
   static constexpr bool kRoundsStaged = false;
+  static constexpr bool kHighest = true;
   template <int N>
   struct Frag {
     uint32_t big[N], small[N];
@@ -97,19 +103,28 @@ struct Tf32x3 {
   }
 };
 
-// Four 8 x 4 blocks of 32-bit values from shared memory: lane l gives the
-// address of row l % 8 of block l / 8 (16 bytes, 16-byte aligned); register i
-// receives (row l / 4, column l % 4) of block i.
-__device__ __forceinline__ void ldmatrix_x4(float (&v)[4], const float* row) {
+// Four 8 x 8 blocks of 16-bit values (8 x 4 of 32-bit ones) from shared
+// memory: lane l gives the address of row l % 8 of block l / 8 (16 bytes,
+// 16-byte aligned); register i receives block i's 32-bit element (row l / 4,
+// column l % 4), or with kTrans the 16-bit pair (rows 2 (l % 4) and
+// 2 (l % 4) + 1, column l / 4), the lower row in the lower half.
+template <bool kTrans = false>
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
   const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(row));
-  uint32_t r0, r1, r2, r3;
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(address));
-  v[0] = __uint_as_float(r0);
-  v[1] = __uint_as_float(r1);
-  v[2] = __uint_as_float(r2);
-  v[3] = __uint_as_float(r3);
+  if constexpr (kTrans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address));
+}
+__device__ __forceinline__ void ldmatrix_x4(float (&v)[4], const float* row) {
+  uint32_t r[4];
+  ldmatrix_x4(r, row);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) v[i] = __uint_as_float(r[i]);
 }
 
 // The A fragment (16 rows x 8 k) of a row-major shared tile: tile row
@@ -187,6 +202,120 @@ __device__ __forceinline__ void accumulator_product(float (&acc)[N][4], const fl
       const float b[2] = {rows[8 * nt], rows[b_stride + 8 * nt]};
       Mma::mma(acc[nt], A, Mma::make_staged(b));
     }
+  }
+}
+
+// ------------------------------------------------------- fp16 operands
+// Fragments of one m16n8k16 product with fp16 operands (PTX ISA, "mma.m16n8k16
+// .f16"), two elements per 32-bit register, the lower index in the lower half:
+//   A (16 x 16, row-major): a0 (g, 2t..2t+1)  a1 (g+8, 2t..)  a2 (g, 2t+8..)  a3 (g+8, 2t+8..)
+//   B (16 x 8, k x n):      b0 (k=2t..2t+1, n=g)  b1 (k=2t+8.., n=g)
+//   C (16 x 8):             as for m16n8k8
+// So the accumulators of n-tiles 2s and 2s + 1, packed pairwise, are the A
+// fragment of k-step s as they stand: no reordering of the right operand.
+// fp16 has TF32's 10-bit mantissa but a range of 2^-24 .. 65504: operands are
+// scaled by powers of two that their callers choose (the Fp16 policy holds
+// no scale).
+
+// d += a b on one 16 x 8 x 16 tile of fp16 operands, fp32 accumulation.
+__device__ __forceinline__ void mma_16x8x16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// (lo, hi) rounded to nearest fp16, lo in the lower half.
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// "high" on fp16 tensor cores: operand tiles are staged in shared memory as
+// fp16 (converted, with their scales, before the kernel reads them).
+struct Fp16 {
+  using Staged = __half;
+  static constexpr bool kRoundsStaged = false;
+  static constexpr bool kHighest = false;
+};
+
+// acc (16 x 8N) += A (16 x 8K) B (8K x 8N) for one warp, fp16 tiles: A is rows
+// a_row(r), r in [0, 16), of a row-major shared tile; B is n-tiles n0 ..
+// n0 + 8N - 1 of an n-major shared tile ([n][k]). K counts 8-wide k blocks,
+// as in the TF32 version; a step takes two.
+template <class Mma, int K, int N, bool kStagedA = true, class RowOf>
+__device__ __forceinline__ void tile_product(float (&acc)[N][4], const __half* a_tile, int a_stride, const RowOf& a_row,
+                                             const __half* b_tile, int b_stride, int n0, int lane) {
+  static_assert(N % 2 == 0 && K % 2 == 0 && kStagedA, "tile_product (fp16): staged tiles, pairs of n-tiles and k blocks");
+  const int block = lane >> 3;
+#pragma unroll
+  for (int ks = 0; ks < K / 2; ++ks) {
+    uint32_t a[4];
+    ldmatrix_x4(a, a_tile + a_row((lane & 7) + 8 * (block & 1)) * a_stride + 16 * ks + 8 * (block >> 1));
+#pragma unroll
+    for (int np = 0; np < N / 2; ++np) {
+      uint32_t b[4];  // n-tile 2 np: b[0], b[1]; n-tile 2 np + 1: b[2], b[3]
+      ldmatrix_x4(b, b_tile + (n0 + 16 * np + (lane & 7) + 8 * (block >> 1)) * b_stride + 16 * ks + 8 * (block & 1));
+      mma_16x8x16(acc[2 * np], a, b[0], b[1]);
+      mma_16x8x16(acc[2 * np + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// acc (16 x 8N) += a (k-step ks's A fragment) times rows 16 ks .. 16 ks + 15
+// of a k-major fp16 shared tile ([k][n], read transposed).
+template <int N>
+__device__ __forceinline__ void mma_times_k_major(float (&acc)[N][4], const uint32_t (&a)[4], const __half* b_tile,
+                                                  int b_stride, int ks, int lane) {
+  const int block = lane >> 3;
+  const __half* rows = b_tile + (16 * ks + (lane & 7) + 8 * (block & 1)) * b_stride + 8 * (block >> 1);
+#pragma unroll
+  for (int np = 0; np < N / 2; ++np) {
+    uint32_t b[4];
+    ldmatrix_x4<true>(b, rows + 16 * np);
+    mma_16x8x16(acc[2 * np], a, b[0], b[1]);
+    mma_16x8x16(acc[2 * np + 1], a, b[2], b[3]);
+  }
+}
+
+// acc (16 x 8N) += A B with A an earlier product's accumulators (16 x 8K,
+// rounded to fp16 as they are) and B a k-major fp16 shared tile.
+template <class Mma, int K, int N>
+__device__ __forceinline__ void accumulator_product(float (&acc)[N][4], const float (&a_acc)[K][4], const __half* b_tile,
+                                                    int b_stride, int lane) {
+  static_assert(N % 2 == 0 && K % 2 == 0, "accumulator_product (fp16): pairs of n-tiles");
+#pragma unroll
+  for (int ks = 0; ks < K / 2; ++ks) {
+    const float(&lo)[4] = a_acc[2 * ks];
+    const float(&hi)[4] = a_acc[2 * ks + 1];
+    const uint32_t a[4] = {pack_half2(lo[0], lo[1]), pack_half2(lo[2], lo[3]), pack_half2(hi[0], hi[1]),
+                           pack_half2(hi[2], hi[3])};
+    mma_times_k_major(acc, a, b_tile, b_stride, ks, lane);
+  }
+}
+
+// acc (16 x 8N) += (a_scale A) B with A rows a_row(r) of a row-major float32
+// shared tile (16 x 8K, rounded to fp16 as loaded) and B a k-major fp16
+// shared tile.
+template <int K, int N, class RowOf>
+__device__ __forceinline__ void scaled_float_product(float (&acc)[N][4], const float* a_tile, int a_stride,
+                                                     const RowOf& a_row, float a_scale, const __half* b_tile,
+                                                     int b_stride, int lane) {
+  static_assert(N % 2 == 0 && K % 2 == 0, "scaled_float_product: pairs of n-tiles and k blocks");
+  const int g = lane >> 2, t = lane & 3;
+  const float* row0 = a_tile + a_row(g) * a_stride + 2 * t;
+  const float* row1 = a_tile + a_row(g + 8) * a_stride + 2 * t;
+#pragma unroll
+  for (int ks = 0; ks < K / 2; ++ks) {
+    uint32_t a[4];
+    const float* at[4] = {row0 + 16 * ks, row1 + 16 * ks, row0 + 16 * ks + 8, row1 + 16 * ks + 8};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 v = *reinterpret_cast<const float2*>(at[i]);
+      a[i] = pack_half2(a_scale * v.x, a_scale * v.y);
+    }
+    mma_times_k_major(acc, a, b_tile, b_stride, ks, lane);
   }
 }
 

@@ -5,7 +5,9 @@
 # with their PyTorch peers, and the demo. Logs go to $OUT (default
 # /tmp/tg-out), eight files at most. TG_STEPS picks steps (default: all of
 # "tests sync safetensors sanitizers bench_ops region_attention train_step compare_torch demo");
-# TG_SANITIZERS picks tools (default "memcheck racecheck synccheck initcheck").
+# TG_SANITIZERS picks tools (default "memcheck racecheck synccheck initcheck");
+# TG_RACECHECK_TESTS narrows racecheck (slow: over 6 minutes on the whole
+# suite) to a doctest -tc filter, e.g. 'fused/*,cuda/gemm_fp16*'.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/tg-out}
@@ -62,6 +64,7 @@ if wants sanitizers; then
   for tool in ${TG_SANITIZERS-memcheck racecheck synccheck initcheck}; do
     tests=("$bin/tg_cuda_tests" --test-case-exclude='cuda/sync debug mode*,fused/benchmark interface at benchmark sizes*')
     if [ "$tool" = racecheck ]; then
+      [ -n "${TG_RACECHECK_TESTS:-}" ] && tests+=(--test-case="$TG_RACECHECK_TESTS")
       step "$tool" sanitizer.log env TG_CUDA_NO_CACHING=1 bash -c "$(declare -f racecheck_ours); racecheck_ours \"\$@\"" _ "${tests[@]}"
     else
       step "$tool" sanitizer.log env TG_CUDA_NO_CACHING=1 compute-sanitizer --tool "$tool" --error-exitcode 9 "${tests[@]}"

@@ -120,6 +120,29 @@ TEST_CASE("fused/benchmark interface: edge shapes and masks" * doctest::skip(kNo
   }
 }
 
+// grad_output times 2^k scales every gradient by exactly 2^k. At "high" the
+// attention core's fp16 tiles and the projections' fp16 operands are scaled by
+// powers of two chosen from the data, so they keep that; unscaled fp16 would
+// flush dO to zero at 2^-40 and overflow to Inf at 2^40.
+TEST_CASE("fused/benchmark interface at high: fp16 scales follow the operands' magnitude" * doctest::skip(kNoGpu)) {
+  tg::manual_seed(104);
+  const Spec s{2, 130, 128, 2, 150, 0.1};
+  const BackwardInputs in = make_backward_inputs(s);
+  const double scale = 1 / std::sqrt(double(s.C / s.H));
+  const auto base = outputs_of(tg::fused::region_attention_backward(in, scale, s.p, tg::MatmulPrecision::High));
+  for (const int k : {-40, 40}) {
+    CAPTURE(k);
+    BackwardInputs scaled = in;
+    scaled.grad_output = in.grad_output * std::ldexp(1.0, k);
+    const auto got = outputs_of(tg::fused::region_attention_backward(scaled, scale, s.p, tg::MatmulPrecision::High));
+    for (size_t i = 0; i < got.size(); ++i) {
+      CAPTURE(kOutputNames[i]);
+      // Only the order of the atomic sums differs between the two runs.
+      CHECK(max_abs_diff(got[i] * std::ldexp(1.0, -k), base[i]) <= 1e-5 * max_abs(base[i]));
+    }
+  }
+}
+
 TEST_CASE("fused/training path through the tape matches the decomposed graph (same Philox draw)" * doctest::skip(kNoGpu)) {
   tg::manual_seed(103);
   for (const auto& [B, S, C, H] : std::vector<std::array<int64_t, 4>>{{2, 77, 128, 2}, {2, 300, 1024, 16}, {3, 1, 64, 1}}) {
