@@ -242,8 +242,9 @@ struct Fp16 {
 
 // acc (16 x 8N) += A (16 x 8K) B (8K x 8N) for one warp, fp16 tiles: A is rows
 // a_row(r), r in [0, 16), of a row-major shared tile; B is n-tiles n0 ..
-// n0 + 8N - 1 of an n-major shared tile ([n][k]). K counts 8-wide k blocks,
-// as in the TF32 version; a step takes two.
+// n0 + 8N - 1 of an n-major shared tile ([n][k]). The template parameters
+// are the TF32 version's, so that a kernel calls both alike: K counts 8-wide
+// k blocks (a step takes two); Mma and kStagedA (always true) are not used.
 template <class Mma, int K, int N, bool kStagedA = true, class RowOf>
 __device__ __forceinline__ void tile_product(float (&acc)[N][4], const __half* a_tile, int a_stride, const RowOf& a_row,
                                              const __half* b_tile, int b_stride, int n0, int lane) {
@@ -280,7 +281,8 @@ __device__ __forceinline__ void mma_times_k_major(float (&acc)[N][4], const uint
 }
 
 // acc (16 x 8N) += A B with A an earlier product's accumulators (16 x 8K,
-// rounded to fp16 as they are) and B a k-major fp16 shared tile.
+// rounded to fp16 as they are) and B a k-major fp16 shared tile (Mma, not
+// used: the TF32 version's signature).
 template <class Mma, int K, int N>
 __device__ __forceinline__ void accumulator_product(float (&acc)[N][4], const float (&a_acc)[K][4], const __half* b_tile,
                                                     int b_stride, int lane) {
@@ -319,13 +321,28 @@ __device__ __forceinline__ void scaled_float_product(float (&acc)[N][4], const f
   }
 }
 
-// Atomic adds without a return value: two and four consecutive floats (16-byte
-// aligned for four) in one instruction.
-__device__ __forceinline__ void red_add2(float* p, float x, float y) {
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(x), "f"(y) : "memory");
-}
+// Atomic add without a return value: four consecutive floats (16-byte
+// aligned) in one instruction.
 __device__ __forceinline__ void red_add4(float* p, float x, float y, float z, float w) {
   asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(x), "f"(y), "f"(z), "f"(w) : "memory");
+}
+
+// Adds f times a 16 x 8N accumulator tile to global rows with 16-byte
+// atomics: row(0) is where fragment row g goes, row(1) row g + 8 (null: not
+// added; 16-byte aligned rows). Lanes t and t ^ 1 swap halves first, so that
+// an even t holds four consecutive columns of row g and an odd t of row g + 8.
+template <int N, class RowOf>
+__device__ __forceinline__ void red_add_tile(const float (&acc)[N][4], float f, const RowOf& row, int lane) {
+  const int t = lane & 3, odd = t & 1;
+  float* dst = row(odd);
+#pragma unroll
+  for (int nt = 0; nt < N; ++nt) {
+    const float(&c)[4] = acc[nt];
+    const float give0 = odd ? c[0] : c[2], give1 = odd ? c[1] : c[3];  // the partner's row
+    const float got0 = __shfl_xor_sync(0xffffffffu, give0, 1), got1 = __shfl_xor_sync(0xffffffffu, give1, 1);
+    const float4 v = odd ? make_float4(got0, got1, c[2], c[3]) : make_float4(c[0], c[1], got0, got1);
+    if (dst) red_add4(dst + 8 * nt + 2 * (t & ~1), f * v.x, f * v.y, f * v.z, f * v.w);
+  }
 }
 
 }  // namespace tg::cuda::mma

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <mutex>
+#include <type_traits>
 
 #include "core/async_copy.cuh"
 #include "core/cuda_context.h"
@@ -301,7 +302,7 @@ __global__ void __launch_bounds__(kFwdThreads) attention_forward_kernel(ForwardA
 constexpr int kBwdKeys = 64, kBwdRows = 64, kBwdThreads = 128;
 constexpr int kHalfStride = 72;  // fp16 tiles: 144-byte rows, so ldmatrix's 8 rows hit distinct banks
 static_assert(kHalfStride >= kD && kHalfStride % 8 == 0 && (kHalfStride / 2) % 32 == 4, "kHalfStride: see above");
-static_assert(kBwdRows <= kBwdKeys && kBwdKeys <= kStride, "the Pd tile is staged where K is, at stride kStride");
+static_assert(kBwdRows <= kBwdKeys && kBwdKeys <= kStride, "float tiles ([query][key] or [key][d]) fit stride kStride");
 static_assert(kBwdKeys == 16 * (kBwdThreads / 32) && kBwdRows == kBwdKeys,
               "a warp holds 16 keys (key_of_row) and computes dQ for 16 queries");
 
@@ -468,8 +469,15 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
   const bool key_valid[2] = {key_ok[jl[0]] != 0.f, key_ok[jl[1]] != 0.f};
   const auto key_rows = [&](int r) { return key_of_row(warp, r); };
   float dK[8][4] = {}, dV[8][4] = {};
+  // Per key j, over this thread's queries i: the column sum of dS (for the q
+  // bias); and the thread's share of dw_in and dw_x, sums that largely
+  // cancel (fp64 across tiles), from a tile's per-key sums of dS_ij e_i and
+  // dS_ij (16 terms each, in TilePartial: fp32 at "high"):
+  //   sum_i dS_ij e_i e_j = e_j sum_i dS_ij e_i
+  //   sum_i dS_ij cross(e_i, e_j) = (1 - e_j) sum_i dS_ij e_i + e_j sum_i dS_ij (1 - e_i)
+  using TilePartial = std::conditional_t<Mma::kHighest, double, float>;
   float colsum[2] = {0.f, 0.f};
-  double dw_in_part = 0, dw_x_part = 0;  // sums of many dS that largely cancel: kept in fp64
+  double dw_in_part = 0, dw_x_part = 0;
 
   for (int64_t qt = split; qt < query_tiles; qt += p.splits) {
     const int64_t q0 = qt * kBwdRows;
@@ -501,6 +509,7 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
     async::wait<0>();
     __syncthreads();  // P or E is in
     float rowsum_part[8][2] = {};
+    TilePartial tile_e[2] = {}, tile_all[2] = {};
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
       const int il0 = 8 * nt + 2 * t;
@@ -525,7 +534,6 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
           prob = *staged;
           dropped = Pds[il * kStride + jl[r]];
           d = dropped * dpd - prob * q_delta[il];
-          colsum[r] += d;
           rowsum_part[nt][c & 1] += dropped;
           if constexpr (kRowSums) {
             const double pdp = double(dropped) * dpd;
@@ -537,10 +545,8 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
         }
         pd[nt][c] = dropped;
         ds[nt][c] = factor.ds * d;
-        if constexpr (!kRowSums) {
-          dw_in_part += d * q_e[il] * ej[r];
-          dw_x_part += d * cross_term(q_e[il], ej[r]);
-        }
+        tile_all[r] += d;
+        if constexpr (!kRowSums) tile_e[r] += TilePartial(d) * q_e[il];
         *staged = d;
       }
       if constexpr (kRowSums)
@@ -548,6 +554,12 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
         for (int f = 0; f < 4; ++f)
 #pragma unroll
           for (int c = 0; c < 2; ++c) add_over_warp_keys(sums[f][c], &q_sums[f * kBwdRows + il0 + c], g);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      colsum[r] += static_cast<float>(tile_all[r]);
+      dw_in_part += ej[r] * double(tile_e[r]);
+      dw_x_part += (1.0 - ej[r]) * double(tile_e[r]) + ej[r] * (double(tile_all[r]) - double(tile_e[r]));
     }
 
     mma::accumulator_product<Mma, 8, 8>(dV, pd, dOs, kTs, lane);  // dV += Pd^T dO
@@ -574,15 +586,10 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
         mma::scaled_float_product<kBwdKeys / 8, 8>(dq, dSs, kStride, query_rows, factor.ds, Ks, kTs, lane);
       else
         mma::tile_product<Mma, kBwdKeys / 8, 8, false>(dq, dSs, kStride, query_rows, KTs, kStride, 0, lane);
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
+      mma::red_add_tile(dq, factor.dq, [&](int r) {
         const int64_t i = q0 + 16 * warp + g + 8 * r;
-        if (i >= sc.S) continue;
-        float* row = p.dq.row(b, h, i) + 2 * t;
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-          mma::red_add2(row + 8 * nt, factor.dq * dq[nt][2 * r], factor.dq * dq[nt][2 * r + 1]);
-      }
+        return i < sc.S ? p.dq.row(b, h, i) : nullptr;
+      }, lane);
     }
 
     // dE[h, i, j] += dS: the batch sum, four keys per atomic.
@@ -611,20 +618,19 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
 
   // The keys' gradients: dK (times scale) and dV, this split's share; the
   // column sums are reduced over the quad first (every lane takes part).
+  const auto key_row = [&](const HeadRows<float>* x) {
+    return [&, x](int r) {
+      const int64_t j = k0 + (r ? jl[1] : jl[0]);  // not jl[r]: r is a runtime value, jl would go to local memory
+      return j < sc.S ? x->row(b, h, j) : nullptr;
+    };
+  };
+  mma::red_add_tile(dK, factor.dk, key_row(&p.dk), lane);
+  mma::red_add_tile(dV, factor.dv, key_row(&p.dv), lane);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     colsum[r] += __shfl_xor_sync(0xffffffffu, colsum[r], 1);
     colsum[r] += __shfl_xor_sync(0xffffffffu, colsum[r], 2);
-    const int64_t j = k0 + jl[r];
-    if (j >= sc.S) continue;
-    float* dk_row = p.dk.row(b, h, j) + 2 * t;
-    float* dv_row = p.dv.row(b, h, j) + 2 * t;
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-      mma::red_add2(dk_row + 8 * nt, factor.dk * dK[nt][2 * r], factor.dk * dK[nt][2 * r + 1]);
-      mma::red_add2(dv_row + 8 * nt, factor.dv * dV[nt][2 * r], factor.dv * dV[nt][2 * r + 1]);
-    }
-    if (kRead && t == 0) atomicAdd(p.colsum_ds + bh * sc.S + j, colsum[r]);
+    if (kRead && t == 0 && k0 + jl[r] < sc.S) atomicAdd(p.colsum_ds + bh * sc.S + k0 + jl[r], colsum[r]);
   }
   if (p.dw_sums) {  // fp64 across CTAs too: the partial sums are much larger than the total
     const double win = block_sum(dw_in_part), wx = block_sum(dw_x_part);
@@ -756,12 +762,9 @@ void launch_backward(const AttentionInputs& in, const AttentionGradTensors& g) {
   }
 }
 
-// The benchmark interface at "high" runs on fp16 tiles when q, k and v are
-// contiguous (to_fp16 takes whole matrices) and Pd's largest value,
-// 1 / (1 - p), fits fp16 with room (p < 1 - 2^-14); else on TF32.
-bool fp16_tiles_apply(const AttentionInputs& in) {
-  return in.q.is_contiguous() && in.k.is_contiguous() && in.v.is_contiguous() && 1.0 / (1.0 - in.p) < 0x1p14;
-}
+// The benchmark interface at "high" runs on fp16 tiles when Pd's largest
+// value, 1 / (1 - p), fits fp16 with room (below 2^14); else on TF32.
+bool fp16_tiles_apply(const AttentionInputs& in) { return 1.0 / (1.0 - in.p) < 0x1p14; }
 
 }  // namespace
 
