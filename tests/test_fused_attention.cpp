@@ -147,6 +147,34 @@ TEST_CASE("fused/cpu float64: the edit-bias scalars from the row sums A, B, m, n
   CHECK(std::abs(x_rows - x_direct) < 1e-12);
 }
 
+// The CUDA backward sums dw_in and dw_x per key j, over the queries i a block
+// walks: X_j = sum_i dS_ij e_i and T_j = sum_i dS_ij (docs/derivations.md).
+TEST_CASE("fused/cpu float64: the edit-bias scalars from the per-key sums X, T") {
+  tg::manual_seed(6);
+  const int64_t rows = 7, S = 9;
+  const std::vector<double> u = tg::rand({rows + S}).to_vector(), dS = tg::randn({rows, S}).to_vector();
+  std::vector<double> e_query(rows), e_key(S);
+  for (int64_t i = 0; i < rows; ++i) e_query[i] = u[i] < 0.5 ? 1.0 : 0.0;
+  for (int64_t j = 0; j < S; ++j) e_key[j] = u[rows + j] < 0.5 ? 1.0 : 0.0;
+  double in_direct = 0, x_direct = 0, in_keys = 0, x_keys = 0;
+  for (int64_t j = 0; j < S; ++j) {
+    const double ej = e_key[j];
+    double X = 0, T = 0;
+    for (int64_t i = 0; i < rows; ++i) {
+      const double ei = e_query[i], ds = dS[i * S + j];
+      in_direct += ds * ei * ej;
+      x_direct += ds * (ei * (1 - ej) + (1 - ei) * ej);
+      X += ds * ei, T += ds;
+    }
+    in_keys += ej * X;
+    x_keys += (1 - ej) * X + ej * (T - X);
+  }
+  CHECK(std::abs(in_direct) > 1e-3);  // not trivial zeros
+  CHECK(std::abs(x_direct) > 1e-3);
+  CHECK(std::abs(in_keys - in_direct) < 1e-12);
+  CHECK(std::abs(x_keys - x_direct) < 1e-12);
+}
+
 TEST_CASE("errors/fused attention") {
   const tg::Tensor qkv = tg::zeros({1, 3, 24}), e = tg::zeros({1, 3}), a = tg::ones({1, 3});
   const tg::Tensor E = tg::zeros({2, 4, 4}), w = tg::zeros({2, 1, 1});
