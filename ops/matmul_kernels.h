@@ -45,7 +45,8 @@ void gemm_into(const char* op, const Tensor& a, const Tensor& b, const Tensor& c
 // A group of up to kMaxFp16Group matrices is converted by one max kernel and
 // one conversion kernel, which also writes the cuBLAS alpha 2^-(e_i + e_j) of
 // every pair. tapegrad has no fp16 dtype: the elements are packed two per
-// float32 and never leave the GEMMs.
+// float32 and are read only by the fp16 GEMMs and the attention backward
+// kernel (ops/fused_attention.cu), which takes its scales from the alphas.
 constexpr int kMaxFp16Group = 4;
 struct Fp16Matrix {
   Tensor values;  // [ceil(rows cols / 2)] float32 storage of the fp16 elements, row-major
