@@ -26,7 +26,7 @@ step() {  # step NAME LOG COMMAND...: runs, logs, remembers a failure
   tail -n 4 "$OUT/$log"
   [ $rc -eq 0 ] || status=1
 }
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv >"$OUT/run.log" 2>&1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv >>"$OUT/run.log" 2>&1  # appends: a later call with other TG_STEPS keeps the earlier log
 bin=build-gpu
 binaries="tg_tests tg_cuda_tests bench_ops train_step region_attention attention_demo train_edit_diffusion libtapegrad.so"
 loads() { for b in $binaries; do [ -e "$1/$b" ] && ! ldd "$1/$b" | grep -q "not found" || return 1; done; }
