@@ -342,7 +342,7 @@ struct HalfOperands {
   HeadRows<const __half> q, k, v;
   const __half* dout;     // [B,S,H*D]
   const float* alphas;    // Fp16Group::scalars
-  float ds_bound_factor;  // 2^-(20 + e_keep), keep_scale < 2^e_keep: see BackwardScales
+  float pd_scale;         // 2^-e_keep, keep_scale = 1 / (1 - p) < 2^e_keep: the fp16 Pd is pd_scale Pd
 };
 
 struct BackwardArgs {
@@ -365,10 +365,11 @@ struct BackwardArgs {
 // max |s_x x| < 2^14, so |dPd| <= D max|dO| max|v| < 2^34 / (s_dO s_v); |dP|
 // is at most keep_scale times that, |Delta| <= max |dP| (a convex combination),
 // and |dS| = P |dP - Delta| < 2^(35 + e_keep) / (s_dO s_v). dS is stored as
-// s_dS dS with s_dS = 2^-(20 + e_keep) s_dO s_v, under 2^15 < 65504.
+// s_dS dS with s_dS = 2^-(20 + e_keep) s_dO s_v, under 2^15 < 65504; Pd, at
+// most keep_scale, as 2^-e_keep Pd, under 1, for any p.
 struct BackwardScales {
   float dpd = 1.f;  // dPd = dpd * (the V dO^T product)
-  float ds = 1.f;   // the fp16 dS is ds * dS
+  float ds = 1.f;   // the fp16 dS is ds * dS (and Pd is HalfOperands::pd_scale * Pd)
   float dv = 1.f, dk = 1.f, dq = 1.f;  // dV, dK, dQ = these * their products (the softmax scale included)
 };
 
@@ -380,8 +381,8 @@ __device__ BackwardScales backward_scales(const BackwardArgs& p) {
     const auto alpha = [&](int i, int j) { return p.half.alphas[4 * i + j]; };
     const auto inverse_scale = [&](int i) { return sqrtf(alpha(i, i)); };  // 2^-e_i, exactly
     f.dpd = alpha(kHalfV, kHalfDO);
-    f.ds = fmaxf(p.half.ds_bound_factor / f.dpd, 0x1p-126f);
-    f.dv = inverse_scale(kHalfDO);
+    f.ds = fmaxf(0x1p-20f * p.half.pd_scale / f.dpd, 0x1p-126f);
+    f.dv = inverse_scale(kHalfDO) / p.half.pd_scale;
     f.dk *= inverse_scale(kHalfQ) / f.ds;
     f.dq *= inverse_scale(kHalfK) / f.ds;
   }
@@ -503,7 +504,8 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
       q_delta[threadIdx.x] = ok ? p.delta[row] : 0.f;
       q_lse[threadIdx.x] = (ok && recompute) ? p.lse[row] : -INFINITY;
       q_rowsum[threadIdx.x] = 0.f;
-      for (int f = 0; f < 4; ++f) q_sums[f * kBwdRows + threadIdx.x] = 0;
+      if constexpr (kRowSums)
+        for (int f = 0; f < 4; ++f) q_sums[f * kBwdRows + threadIdx.x] = 0;
     }
     async::wait<1>();  // this tile's Q and dO (and Pd) are in; its P or E may still be on the way
     stage_head_rows<Mma, kBwdThreads>(Qs, kBwdRows);
@@ -565,7 +567,7 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
               sums[3][cq] += double(prob) * (1.f - ej[r]);
             }
           }
-          pd[nt][c] = dropped;
+          pd[nt][c] = kHalf ? p.half.pd_scale * dropped : dropped;
           ds[nt][c] = factor.ds * d;
           tile_all[r] += d;
           if constexpr (!kRowSums) tile_e[r] += TilePartial(d) * q_e[il];
@@ -582,8 +584,10 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       colsum[r] += static_cast<float>(tile_all[r]);
-      dw_in_part += ej[r] * double(tile_e[r]);
-      dw_x_part += (1.0 - ej[r]) * double(tile_e[r]) + ej[r] * (double(tile_all[r]) - double(tile_e[r]));
+      if constexpr (!kRowSums) {
+        dw_in_part += ej[r] * double(tile_e[r]);
+        dw_x_part += (1.0 - ej[r]) * double(tile_e[r]) + ej[r] * (double(tile_all[r]) - double(tile_e[r]));
+      }
     }
 
     mma::accumulator_product<Mma, 8, 8>(dV, pd, dOs, kTs, lane);  // dV += Pd^T dO
@@ -735,7 +739,7 @@ void launch_forward(const AttentionInputs& in, const Tensor& o, const Tensor& ls
 }
 
 // fp16 copies of q, k, v and dout (one max and one conversion kernel for the
-// four) and the dS scale factor of BackwardScales. `half` keeps the copies
+// four) and 2^-e_keep, keep_scale < 2^e_keep, that BackwardScales builds on. `half` keeps the copies
 // alive until the kernel is queued (later frees are stream-ordered).
 HalfOperands half_operands(const AttentionInputs& in, const AttentionGradTensors& g, Fp16Group& half) {
   const AttentionDims d = in.d;
@@ -747,7 +751,7 @@ HalfOperands half_operands(const AttentionInputs& in, const AttentionGradTensors
   int e_keep = 0;
   std::frexp(1.0 / (1.0 - in.p), &e_keep);  // keep_scale < 2^e_keep
   return {heads(kHalfQ), heads(kHalfK), heads(kHalfV), copy(kHalfDO), half.scalars.data<float>(),
-          std::ldexp(1.f, -(20 + e_keep))};
+          std::ldexp(1.f, -e_keep)};
 }
 
 template <class Mma, bool kRead>
@@ -784,10 +788,6 @@ void launch_backward(const AttentionInputs& in, const AttentionGradTensors& g) {
     check_launch("fused_attention_backward (edit-bias sums)");
   }
 }
-
-// The benchmark interface at "high" runs on fp16 tiles when Pd's largest
-// value, 1 / (1 - p), fits fp16 with room (below 2^14); else on TF32.
-bool fp16_tiles_apply(const AttentionInputs& in) { return 1.0 / (1.0 - in.p) < 0x1p14; }
 
 }  // namespace
 
@@ -830,8 +830,7 @@ void FusedAttentionKernels<Device::CUDA>::backward(const AttentionInputs& in, co
   TG_CHECK(!g.probs.defined() || (g.colsum_ds.defined() && g.rowsum_pd.defined()),
            "fused_attention_backward: reading P needs the column and row sum outputs");
   const bool high = precision == MatmulPrecision::High, read = g.probs.defined();
-  if (high && read && fp16_tiles_apply(in)) launch_backward<Fp16, true>(in, g);
-  else if (high && read) launch_backward<Tf32, true>(in, g);
+  if (high && read) launch_backward<Fp16, true>(in, g);
   else if (high) launch_backward<Tf32, false>(in, g);
   else if (read) launch_backward<Tf32x3, true>(in, g);
   else launch_backward<Tf32x3, false>(in, g);
