@@ -182,6 +182,23 @@ TEST_CASE("fused/benchmark interface at high: fp16 scales follow each operand's 
   }
 }
 
+// Dropout near 1: Pd reaches 1 / (1 - p) = 1e5, beyond fp16's 65504, so the
+// fp16 path must scale Pd too (2^-e_keep). A few kept elements carry the
+// gradients; each output against float64 within TF32-level error.
+TEST_CASE("fused/benchmark interface at high: dropout near 1 (Pd beyond fp16's range)" * doctest::skip(kNoGpu)) {
+  tg::manual_seed(105);
+  const Spec s{4, 300, 128, 2, 300, 0.99999};
+  const BackwardInputs in = make_backward_inputs(s);
+  REQUIRE(max_abs(in.attention_probs_dropped) > 65504);  // some element is kept
+  const double scale = 1 / std::sqrt(double(s.C / s.H));
+  const auto got = outputs_of(tg::fused::region_attention_backward(in, scale, s.p, tg::MatmulPrecision::High));
+  const auto ref = outputs_of(reference_backward(in, scale, s.p, tg::DType::Float64));
+  for (size_t i = 0; i < got.size(); ++i) {
+    CAPTURE(std::string(kOutputNames[i]));
+    CHECK(relative_error(got[i], ref[i]) < 1e-2);
+  }
+}
+
 TEST_CASE("fused/training path through the tape matches the decomposed graph (same Philox draw)" * doctest::skip(kNoGpu)) {
   tg::manual_seed(103);
   for (const auto& [B, S, C, H] : std::vector<std::array<int64_t, 4>>{{2, 77, 128, 2}, {2, 300, 1024, 16}, {3, 1, 64, 1}}) {
