@@ -71,14 +71,25 @@ __device__ __forceinline__ void for_each_head_chunk(int n, const F& f) {
   for (int idx = threadIdx.x; idx < n * kPerRow; idx += kThreads) f(idx / kPerRow, kPerChunk * (idx % kPerRow));
 }
 
+// Where row r of a tile lands in shared memory: row r, or (FragmentOrder, for
+// a 64-key tile whose rows are read as the backward's A fragments) the
+// fragment row of key r within its warp's 16 (the inverse of key_of_row), so
+// that a fragment's rows are consecutive in shared memory.
+struct SameRow {
+  __device__ int operator()(int r) const { return r; }
+};
+struct FragmentOrder {
+  __device__ int operator()(int k) const { return 16 * (k / 16) + 8 * (k & 1) + (k % 16) / 2; }
+};
+
 // Queues the copy of rows row0 .. row0 + n - 1 of one head (zeros past S)
-// into shared memory as [row][d], row stride `stride`.
-template <int kThreads, class T>
+// into shared memory as [row][d], row stride `stride`, row r at dst_row(r).
+template <int kThreads, class T, class RowMap = SameRow>
 __device__ void copy_head_rows(const HeadRows<const T>& x, int64_t b, int64_t h, int64_t row0, int n, int64_t S,
-                               T* dst, int stride = kStride) {
+                               T* dst, int stride = kStride, RowMap dst_row = {}) {
   for_each_head_chunk<kThreads, T>(n, [&](int r, int col) {
     const bool valid = row0 + r < S;
-    async::copy16(dst + r * stride + col, x.row(b, h, valid ? row0 + r : 0) + col, valid);
+    async::copy16(dst + dst_row(r) * stride + col, x.row(b, h, valid ? row0 + r : 0) + col, valid);
   });
 }
 
@@ -112,11 +123,11 @@ __device__ void copy_tile(const float* src, int64_t ld, int64_t rows, int64_t co
 // Rounds in place (Mma::stage) the quads of a float [row][d] tile that this
 // thread copied with copy_head_rows; after its own wait, before the barrier.
 // Tiles of other policies are staged as they arrive.
-template <class Mma, int kThreads, class T>
-__device__ void stage_head_rows(T* tile, int n) {
+template <class Mma, int kThreads, class T, class RowMap = SameRow>
+__device__ void stage_head_rows(T* tile, int n, RowMap dst_row = {}) {
   if constexpr (Mma::kRoundsStaged) {
     for_each_head_chunk<kThreads, float>(n, [&](int r, int col) {
-      float4* q = reinterpret_cast<float4*>(tile + r * kStride + col);
+      float4* q = reinterpret_cast<float4*>(tile + dst_row(r) * kStride + col);
       const float4 v = *q;
       *q = make_float4(Mma::stage(v.x), Mma::stage(v.y), Mma::stage(v.z), Mma::stage(v.w));
     });
@@ -331,7 +342,7 @@ struct HalfOperands {
   HeadRows<const __half> q, k, v;
   const __half* dout;     // [B,S,H*D]
   const float* alphas;    // Fp16Group::scalars
-  float ds_bound_factor;  // 2^-(20 + e_keep), keep_scale < 2^e_keep: see BackwardScales
+  float pd_scale;         // 2^-e_keep, keep_scale = 1 / (1 - p) < 2^e_keep: the fp16 Pd is pd_scale Pd
 };
 
 struct BackwardArgs {
@@ -354,10 +365,11 @@ struct BackwardArgs {
 // max |s_x x| < 2^14, so |dPd| <= D max|dO| max|v| < 2^34 / (s_dO s_v); |dP|
 // is at most keep_scale times that, |Delta| <= max |dP| (a convex combination),
 // and |dS| = P |dP - Delta| < 2^(35 + e_keep) / (s_dO s_v). dS is stored as
-// s_dS dS with s_dS = 2^-(20 + e_keep) s_dO s_v, under 2^15 < 65504.
+// s_dS dS with s_dS = 2^-(20 + e_keep) s_dO s_v, under 2^15 < 65504; Pd, at
+// most keep_scale, as 2^-e_keep Pd, under 1, for any p.
 struct BackwardScales {
   float dpd = 1.f;  // dPd = dpd * (the V dO^T product)
-  float ds = 1.f;   // the fp16 dS is ds * dS
+  float ds = 1.f;   // the fp16 dS is ds * dS (and Pd is HalfOperands::pd_scale * Pd)
   float dv = 1.f, dk = 1.f, dq = 1.f;  // dV, dK, dQ = these * their products (the softmax scale included)
 };
 
@@ -369,8 +381,8 @@ __device__ BackwardScales backward_scales(const BackwardArgs& p) {
     const auto alpha = [&](int i, int j) { return p.half.alphas[4 * i + j]; };
     const auto inverse_scale = [&](int i) { return sqrtf(alpha(i, i)); };  // 2^-e_i, exactly
     f.dpd = alpha(kHalfV, kHalfDO);
-    f.ds = fmaxf(p.half.ds_bound_factor / f.dpd, 0x1p-126f);
-    f.dv = inverse_scale(kHalfDO);
+    f.ds = fmaxf(0x1p-20f * p.half.pd_scale / f.dpd, 0x1p-126f);
+    f.dv = inverse_scale(kHalfDO) / p.half.pd_scale;
     f.dk *= inverse_scale(kHalfQ) / f.ds;
     f.dq *= inverse_scale(kHalfK) / f.ds;
   }
@@ -409,7 +421,7 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
   extern __shared__ __align__(16) unsigned char smem_bytes[];
   const auto at = [&](size_t offset) { return smem_bytes + offset; };
   Staged* Ks = reinterpret_cast<Staged*>(at(Layout::kK));     // [key][d]
-  Staged* Vs = reinterpret_cast<Staged*>(at(Layout::kV));     // [key][d]
+  Staged* Vs = reinterpret_cast<Staged*>(at(Layout::kV));     // [key][d], keys in fragment order
   Staged* Qs = reinterpret_cast<Staged*>(at(Layout::kQ));     // [query][d]
   Staged* dOs = reinterpret_cast<Staged*>(at(Layout::kDO));   // [query][d]
   float* dSs = reinterpret_cast<float*>(at(Layout::kDS));     // [query][key]: P (kRead) or E, then dS
@@ -449,13 +461,13 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
   };
 
   copy_head_rows<kBwdThreads>(k_rows, b, h, k0, kBwdKeys, sc.S, Ks, kTs);
-  copy_head_rows<kBwdThreads>(v_rows, b, h, k0, kBwdKeys, sc.S, Vs, kTs);
+  copy_head_rows<kBwdThreads>(v_rows, b, h, k0, kBwdKeys, sc.S, Vs, kTs, FragmentOrder{});
   copy_queries(split);
   async::commit();
   load_key_flags(sc, b, k0, kBwdKeys, key_e, key_ok);
   async::wait<0>();
   stage_head_rows<Mma, kBwdThreads>(Ks, kBwdKeys);
-  stage_head_rows<Mma, kBwdThreads>(Vs, kBwdKeys);
+  stage_head_rows<Mma, kBwdThreads>(Vs, kBwdKeys, FragmentOrder{});
   __syncthreads();
   if constexpr (!kHalf) transpose_rows<kBwdThreads>(Ks, kBwdKeys, KTs, kStride);
   if constexpr (kRead) {
@@ -464,10 +476,11 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
     async::commit();
   }
 
-  const int jl[2] = {key_of_row(warp, g), key_of_row(warp, g + 8)};  // this thread's two keys
+  const int jl[2] = {key_of_row(warp, g), key_of_row(warp, g + 8)};  // this thread's two keys, side by side
   const float ej[2] = {key_e[jl[0]], key_e[jl[1]]};
   const bool key_valid[2] = {key_ok[jl[0]] != 0.f, key_ok[jl[1]] != 0.f};
   const auto key_rows = [&](int r) { return key_of_row(warp, r); };
+  const auto warp_rows = [&](int r) { return 16 * warp + r; };  // V's keys (stored in fragment order), dQ's queries
   float dK[8][4] = {}, dV[8][4] = {};
   // Per key j, over this thread's queries i: the column sum of dS (for the q
   // bias); and the thread's share of dw_in and dw_x, sums that largely
@@ -491,7 +504,8 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
       q_delta[threadIdx.x] = ok ? p.delta[row] : 0.f;
       q_lse[threadIdx.x] = (ok && recompute) ? p.lse[row] : -INFINITY;
       q_rowsum[threadIdx.x] = 0.f;
-      for (int f = 0; f < 4; ++f) q_sums[f * kBwdRows + threadIdx.x] = 0;
+      if constexpr (kRowSums)
+        for (int f = 0; f < 4; ++f) q_sums[f * kBwdRows + threadIdx.x] = 0;
     }
     async::wait<1>();  // this tile's Q and dO (and Pd) are in; its P or E may still be on the way
     stage_head_rows<Mma, kBwdThreads>(Qs, kBwdRows);
@@ -500,7 +514,7 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
 
     // dPd^T = V dO^T
     float ds[8][4] = {};
-    mma::tile_product<Mma, 8, 8>(ds, Vs, kTs, key_rows, dOs, kTs, 0, lane);
+    mma::tile_product<Mma, 8, 8>(ds, Vs, kTs, warp_rows, dOs, kTs, 0, lane);
 
     // P^T and Pd^T, read or recomputed from S^T = K Q^T; then in place:
     // pd <- Pd^T and ds <- dS^T = P^T (dP^T - Delta) = Pd^T dPd^T - P^T Delta.
@@ -517,37 +531,49 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
       double sums[4][2] = {};                       // kRowSums: A, B, m, n per query column
       if (recompute && sc.dropout)  // rows: the thread's two queries; the lane pair: g and g ^ 1
         pair_keep(sc, bh * sc.S + q0 + il0, bh * sc.S + q0 + il0 + 1, k0 + 16 * warp + 4 * (g >> 1), g & 1, 4, keep);
+      // Per query column il, the thread's two keys jl[0] and jl[1] = jl[0] + 1
+      // are side by side: P (or E), Pd and dS move as float2, which also
+      // keeps the warp's accesses free of bank conflicts at stride kStride.
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int r = c >> 1, il = il0 + (c & 1);
-        float* staged = dSs + il * kStride + jl[r];  // P or E in, dS out (zeros past S)
-        const float dpd = factor.dpd * ds[nt][c];
-        float prob = 0.f, dropped = 0.f, d = 0.f;
-        if constexpr (recompute) {
-          if (key_valid[r] && q_lse[il] != -INFINITY) {
-            const float score = attention_score(pd[nt][c], sc.scale, *staged, w_in, w_x, q_e[il], ej[r]);
-            prob = exp2f((score - q_lse[il]) * kLog2e);
+      for (int cq = 0; cq < 2; ++cq) {
+        const int il = il0 + cq;
+        float2* staged = reinterpret_cast<float2*>(dSs + il * kStride + jl[0]);  // P or E in, dS out (zeros past S)
+        const float2 in = *staged;
+        const float2 pd_in = kRead ? *reinterpret_cast<const float2*>(Pds + il * kStride + jl[0]) : float2{};
+        float out[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int c = cq + 2 * r;  // the accumulator element of key row r, query column il
+          const float staged_in = r ? in.y : in.x;
+          const float dpd = factor.dpd * ds[nt][c];
+          float prob = 0.f, dropped = 0.f, d = 0.f;
+          if constexpr (recompute) {
+            if (key_valid[r] && q_lse[il] != -INFINITY) {
+              const float score = attention_score(pd[nt][c], sc.scale, staged_in, w_in, w_x, q_e[il], ej[r]);
+              prob = exp2f((score - q_lse[il]) * kLog2e);
+            }
+            dropped = prob * keep[cq][r];
+            d = prob * (dpd * keep[cq][r] - q_delta[il]);
+          } else {
+            prob = staged_in;
+            dropped = r ? pd_in.y : pd_in.x;
+            d = dropped * dpd - prob * q_delta[il];
+            rowsum_part[nt][cq] += dropped;
+            if constexpr (kRowSums) {
+              const double pdp = double(dropped) * dpd;
+              sums[0][cq] += pdp * ej[r];
+              sums[1][cq] += pdp * (1.f - ej[r]);
+              sums[2][cq] += double(prob) * ej[r];
+              sums[3][cq] += double(prob) * (1.f - ej[r]);
+            }
           }
-          dropped = prob * keep[c & 1][r];
-          d = prob * (dpd * keep[c & 1][r] - q_delta[il]);
-        } else {
-          prob = *staged;
-          dropped = Pds[il * kStride + jl[r]];
-          d = dropped * dpd - prob * q_delta[il];
-          rowsum_part[nt][c & 1] += dropped;
-          if constexpr (kRowSums) {
-            const double pdp = double(dropped) * dpd;
-            sums[0][c & 1] += pdp * ej[r];
-            sums[1][c & 1] += pdp * (1.f - ej[r]);
-            sums[2][c & 1] += double(prob) * ej[r];
-            sums[3][c & 1] += double(prob) * (1.f - ej[r]);
-          }
+          pd[nt][c] = kHalf ? p.half.pd_scale * dropped : dropped;
+          ds[nt][c] = factor.ds * d;
+          tile_all[r] += d;
+          if constexpr (!kRowSums) tile_e[r] += TilePartial(d) * q_e[il];
+          out[r] = d;
         }
-        pd[nt][c] = dropped;
-        ds[nt][c] = factor.ds * d;
-        tile_all[r] += d;
-        if constexpr (!kRowSums) tile_e[r] += TilePartial(d) * q_e[il];
-        *staged = d;
+        *staged = make_float2(out[0], out[1]);
       }
       if constexpr (kRowSums)
 #pragma unroll
@@ -558,8 +584,10 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       colsum[r] += static_cast<float>(tile_all[r]);
-      dw_in_part += ej[r] * double(tile_e[r]);
-      dw_x_part += (1.0 - ej[r]) * double(tile_e[r]) + ej[r] * (double(tile_all[r]) - double(tile_e[r]));
+      if constexpr (!kRowSums) {
+        dw_in_part += ej[r] * double(tile_e[r]);
+        dw_x_part += (1.0 - ej[r]) * double(tile_e[r]) + ej[r] * (double(tile_all[r]) - double(tile_e[r]));
+      }
     }
 
     mma::accumulator_product<Mma, 8, 8>(dV, pd, dOs, kTs, lane);  // dV += Pd^T dO
@@ -580,12 +608,11 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
 
     // dQ (64 queries x 64 d) += scale dS K: warp -> 16 queries, k over the CTA's keys.
     {
-      const auto query_rows = [&](int r) { return 16 * warp + r; };
       float dq[8][4] = {};
       if constexpr (kHalf)
-        mma::scaled_float_product<kBwdKeys / 8, 8>(dq, dSs, kStride, query_rows, factor.ds, Ks, kTs, lane);
+        mma::scaled_float_product<kBwdKeys / 8, 8>(dq, dSs, kStride, warp_rows, factor.ds, Ks, kTs, lane);
       else
-        mma::tile_product<Mma, kBwdKeys / 8, 8, false>(dq, dSs, kStride, query_rows, KTs, kStride, 0, lane);
+        mma::tile_product<Mma, kBwdKeys / 8, 8, false>(dq, dSs, kStride, warp_rows, KTs, kStride, 0, lane);
       mma::red_add_tile(dq, factor.dq, [&](int r) {
         const int64_t i = q0 + 16 * warp + g + 8 * r;
         return i < sc.S ? p.dq.row(b, h, i) : nullptr;
@@ -712,7 +739,7 @@ void launch_forward(const AttentionInputs& in, const Tensor& o, const Tensor& ls
 }
 
 // fp16 copies of q, k, v and dout (one max and one conversion kernel for the
-// four) and the dS scale factor of BackwardScales. `half` keeps the copies
+// four) and 2^-e_keep, keep_scale < 2^e_keep, that BackwardScales builds on. `half` keeps the copies
 // alive until the kernel is queued (later frees are stream-ordered).
 HalfOperands half_operands(const AttentionInputs& in, const AttentionGradTensors& g, Fp16Group& half) {
   const AttentionDims d = in.d;
@@ -724,7 +751,7 @@ HalfOperands half_operands(const AttentionInputs& in, const AttentionGradTensors
   int e_keep = 0;
   std::frexp(1.0 / (1.0 - in.p), &e_keep);  // keep_scale < 2^e_keep
   return {heads(kHalfQ), heads(kHalfK), heads(kHalfV), copy(kHalfDO), half.scalars.data<float>(),
-          std::ldexp(1.f, -(20 + e_keep))};
+          std::ldexp(1.f, -e_keep)};
 }
 
 template <class Mma, bool kRead>
@@ -761,10 +788,6 @@ void launch_backward(const AttentionInputs& in, const AttentionGradTensors& g) {
     check_launch("fused_attention_backward (edit-bias sums)");
   }
 }
-
-// The benchmark interface at "high" runs on fp16 tiles when Pd's largest
-// value, 1 / (1 - p), fits fp16 with room (below 2^14); else on TF32.
-bool fp16_tiles_apply(const AttentionInputs& in) { return 1.0 / (1.0 - in.p) < 0x1p14; }
 
 }  // namespace
 
@@ -807,8 +830,7 @@ void FusedAttentionKernels<Device::CUDA>::backward(const AttentionInputs& in, co
   TG_CHECK(!g.probs.defined() || (g.colsum_ds.defined() && g.rowsum_pd.defined()),
            "fused_attention_backward: reading P needs the column and row sum outputs");
   const bool high = precision == MatmulPrecision::High, read = g.probs.defined();
-  if (high && read && fp16_tiles_apply(in)) launch_backward<Fp16, true>(in, g);
-  else if (high && read) launch_backward<Tf32, true>(in, g);
+  if (high && read) launch_backward<Fp16, true>(in, g);
   else if (high) launch_backward<Tf32, false>(in, g);
   else if (read) launch_backward<Tf32x3, true>(in, g);
   else launch_backward<Tf32x3, false>(in, g);

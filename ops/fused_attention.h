@@ -63,8 +63,7 @@ std::vector<Tensor> outputs_of(const Gradients& g);
 // Precision on CUDA: at "high" the attention core's backward kernel and the
 // four projection GEMMs run on fp16 tensor cores (each operand scaled by a
 // power of two into fp16's range: TF32's 10-bit mantissa at twice its rate;
-// dS scaled from a bound, docs/derivations.md); for 1 / (1 - dropout_p) >=
-// 2^14 the core runs on TF32 tensor cores instead. The bound holds for
+// dS scaled from a bound, docs/derivations.md). The bound holds for
 // consistent saved tensors (P's rows sum to 1 or 0, Pd = P m / (1-p),
 // o = Pd v); for others the gradients mean nothing, and at "high" may be
 // Inf. At "highest" the core is 3xTF32 and the projections fp32.

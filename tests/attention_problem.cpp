@@ -8,7 +8,7 @@ namespace tgtest {
 using tg::fused::BackwardInputs;
 using tg::fused::Gradients;
 
-BackwardInputs make_backward_inputs(const Spec& s, tg::Tensor edit, tg::Tensor attn) {
+BackwardInputs make_backward_inputs(const Spec& s, tg::Tensor edit, tg::Tensor attn, tg::Tensor keep) {
   tg::NoGradGuard no_grad;
   const tg::TensorOptions cuda{tg::DType::Float32, tg::Device::CUDA};
   const int64_t D = s.C / s.H;
@@ -25,7 +25,7 @@ BackwardInputs make_backward_inputs(const Spec& s, tg::Tensor edit, tg::Tensor a
   in.within_edit_bias = small({s.H, 1, 1});
   in.cross_edit_bias = small({s.H, 1, 1});
   in.attention_mask = attn.defined() ? attn.cuda() : tg::ones({s.B, s.S}, cuda);
-  in.dropout_mask = tg::dropout_mask({s.B, s.H, s.S, s.S}, s.p, tg::default_generator().next(), cuda);
+  in.dropout_mask = keep.defined() ? keep.cuda() : tg::dropout_mask({s.B, s.H, s.S, s.S}, s.p, tg::default_generator().next(), cuda);
   const tg::Tensor qkv = tg::linear(in.hidden_states, in.qkv_weight, in.qkv_bias, tg::MatmulPrecision::Highest)
                              .view({s.B, s.S, 3, s.H, D})
                              .permute({2, 0, 3, 1, 4});

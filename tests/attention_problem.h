@@ -17,8 +17,10 @@ struct Spec {
 using tg::fused::inputs_of;
 using tg::fused::outputs_of;
 
-// float32 on CUDA; edit / attn, when given, replace the drawn edit mask and the all-ones attention mask.
-tg::fused::BackwardInputs make_backward_inputs(const Spec& s, tg::Tensor edit = {}, tg::Tensor attn = {});
+// float32 on CUDA; edit / attn / keep, when given, replace the drawn edit mask, the all-ones attention mask
+// and the dropout keep-mask drawn at rate 1 - p (Pd is P keep / (1 - p) either way).
+tg::fused::BackwardInputs make_backward_inputs(const Spec& s, tg::Tensor edit = {}, tg::Tensor attn = {},
+                                               tg::Tensor keep = {});
 
 // The spec's backward from the saved tensors, in `dtype` (fp32 GEMMs at "highest", or fp64).
 tg::fused::Gradients reference_backward(const tg::fused::BackwardInputs& in, double scale, double p, tg::DType dtype);
