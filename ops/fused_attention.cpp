@@ -386,6 +386,7 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
   core.cross = in.cross_edit_bias.view({L.H});
   core.d = {L.B, L.H, L.S, L.D, L.M};
   core.scale = scale;
+  core.p = dropout_p;  // P and Pd are read, no mask is drawn; p bounds Pd and dS for the fp16 tiles' scales
   AttentionGradTensors g;
   g.dout = dout;
   g.delta = empty({L.B, L.H, L.S}, opts);

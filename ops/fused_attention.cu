@@ -61,15 +61,17 @@ ScoreArgs score_args(const AttentionInputs& in) {
           in.rng,                     in.p > 0};
 }
 
-// Calls f(r, col) for the 16-byte chunks (row r, elements col .. col + 16 /
-// sizeof(T) - 1) of an n-row [row][d] tile of T that this thread handles.
-// copy_head_rows and stage_head_rows both walk it, so a thread rounds exactly
-// the chunks it copied (and waited for) itself.
-template <int kThreads, class T, class F>
-__device__ __forceinline__ void for_each_head_chunk(int n, const F& f) {
-  constexpr int kPerChunk = 16 / sizeof(T), kPerRow = kD / kPerChunk;
-  for (int idx = threadIdx.x; idx < n * kPerRow; idx += kThreads) f(idx / kPerRow, kPerChunk * (idx % kPerRow));
-}
+// The 16-byte chunks of a [row][d] tile of T that this thread handles: the
+// elements col .. col + 16 / sizeof(T) - 1 of rows first_row(), first_row() +
+// kRowStep, ... copy_head_rows and stage_head_rows both walk them, so a thread
+// rounds exactly the chunks it copied (and waited for) itself.
+template <int kThreads, class T>
+struct HeadChunks {
+  static constexpr int kPerChunk = 16 / sizeof(T), kPerRow = kD / kPerChunk, kRowStep = kThreads / kPerRow;
+  static_assert(kThreads % kPerRow == 0, "a thread keeps one column");
+  static __device__ int first_row() { return threadIdx.x / kPerRow; }
+  static __device__ int col() { return kPerChunk * (threadIdx.x % kPerRow); }
+};
 
 // Where row r of a tile lands in shared memory: row r, or (FragmentOrder, for
 // a 64-key tile whose rows are read as the backward's A fragments) the
@@ -87,35 +89,52 @@ struct FragmentOrder {
 template <int kThreads, class T, class RowMap = SameRow>
 __device__ void copy_head_rows(const HeadRows<const T>& x, int64_t b, int64_t h, int64_t row0, int n, int64_t S,
                                T* dst, int stride = kStride, RowMap dst_row = {}) {
-  for_each_head_chunk<kThreads, T>(n, [&](int r, int col) {
+  using Chunks = HeadChunks<kThreads, T>;
+  const int col = Chunks::col();
+  const T* from = x.row(b, h, row0 + Chunks::first_row()) + col;
+  for (int r = Chunks::first_row(); r < n; r += Chunks::kRowStep, from += Chunks::kRowStep * x.ss) {
     const bool valid = row0 + r < S;
-    async::copy16(dst + dst_row(r) * stride + col, x.row(b, h, valid ? row0 + r : 0) + col, valid);
-  });
+    async::copy16(dst + dst_row(r) * stride + col, valid ? from : x.ptr, valid);
+  }
 }
 
 // Queues the copy of a kRows x kCols tile of a row-major global matrix (row
 // stride ld) into shared memory (row stride dst_stride); elements at row >=
-// rows or column >= cols become zeros. 16-byte copies where the matrix allows
-// them (ld and the tile's start multiples of 4 floats), else 4-byte copies of
-// consecutive elements by consecutive lanes (one 128-byte span per warp).
+// rows or column >= cols become zeros. A thread keeps one column (or quad of
+// columns) and walks every kRowStep-th row, so its addresses advance by a
+// constant. 16-byte copies where the matrix allows them (ld and the tile's
+// start multiples of 4 floats), else 4-byte copies of consecutive elements by
+// consecutive lanes (one 128-byte span per warp).
 template <int kThreads, int kRows, int kCols>
 __device__ void copy_tile(const float* src, int64_t ld, int64_t rows, int64_t cols, float* dst, int dst_stride) {
+  const int n_rows = static_cast<int>(rows < kRows ? rows : kRows);
+  const int n_cols = static_cast<int>(cols < kCols ? cols : kCols);
   if (ld % 4 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0) {
-    for (int idx = threadIdx.x; idx < kRows * (kCols / 4); idx += kThreads) {
-      const int r = idx / (kCols / 4), c = 4 * (idx % (kCols / 4));
+    constexpr int kPerRow = kCols / 4, kRowStep = kThreads / kPerRow;
+    static_assert(kThreads % kPerRow == 0 && kRows % kRowStep == 0, "every thread walks the same number of rows");
+    const int r0 = threadIdx.x / kPerRow, c = 4 * (threadIdx.x % kPerRow), inside = n_cols - c;  // of its 4 columns
+    const float* from = src + r0 * ld + c;
+#pragma unroll
+    for (int k = 0; k < kRows / kRowStep; ++k, from += kRowStep * ld) {
+      const int r = r0 + k * kRowStep;
       float* to = dst + r * dst_stride + c;
-      if (r >= rows || c + 4 <= cols || c >= cols) {
-        const bool ok = r < rows && c < cols;
-        async::copy16(to, ok ? src + r * ld + c : src, ok);
+      if (inside >= 4 || inside <= 0 || r >= n_rows) {
+        const bool ok = r < n_rows && inside > 0;
+        async::copy16(to, ok ? from : src, ok);
       } else {  // the quad that straddles column `cols`
-        for (int x = 0; x < 4; ++x) async::copy4(to + x, c + x < cols ? src + r * ld + c + x : src, c + x < cols);
+        for (int x = 0; x < 4; ++x) async::copy4(to + x, x < inside ? from + x : src, x < inside);
       }
     }
   } else {
-    for (int idx = threadIdx.x; idx < kRows * kCols; idx += kThreads) {
-      const int r = idx / kCols, c = idx % kCols;
-      const bool ok = r < rows && c < cols;
-      async::copy4(dst + r * dst_stride + c, ok ? src + r * ld + c : src, ok);
+    constexpr int kRowStep = kThreads / kCols;
+    static_assert(kThreads % kCols == 0 && kRows % kRowStep == 0, "every thread walks the same number of rows");
+    const int r0 = threadIdx.x / kCols, c = threadIdx.x % kCols;
+    const float* from = src + r0 * ld + c;
+#pragma unroll
+    for (int k = 0; k < kRows / kRowStep; ++k, from += kRowStep * ld) {
+      const int r = r0 + k * kRowStep;
+      const bool ok = r < n_rows && c < n_cols;
+      async::copy4(dst + r * dst_stride + c, ok ? from : src, ok);
     }
   }
 }
@@ -126,11 +145,12 @@ __device__ void copy_tile(const float* src, int64_t ld, int64_t rows, int64_t co
 template <class Mma, int kThreads, class T, class RowMap = SameRow>
 __device__ void stage_head_rows(T* tile, int n, RowMap dst_row = {}) {
   if constexpr (Mma::kRoundsStaged) {
-    for_each_head_chunk<kThreads, float>(n, [&](int r, int col) {
-      float4* q = reinterpret_cast<float4*>(tile + dst_row(r) * kStride + col);
+    using Chunks = HeadChunks<kThreads, float>;
+    for (int r = Chunks::first_row(); r < n; r += Chunks::kRowStep) {
+      float4* q = reinterpret_cast<float4*>(tile + dst_row(r) * kStride + Chunks::col());
       const float4 v = *q;
       *q = make_float4(Mma::stage(v.x), Mma::stage(v.y), Mma::stage(v.z), Mma::stage(v.w));
-    });
+    }
   }
 }
 
@@ -619,19 +639,23 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
       }, lane);
     }
 
-    // dE[h, i, j] += dS: the batch sum, four keys per atomic.
+    // dE[h, i, j] += dS: the batch sum, four keys per atomic. A thread keeps
+    // one quad of keys and walks every kRowStep-th query row.
     if (p.dE) {
-      const bool quads = sc.M % 4 == 0 && reinterpret_cast<uintptr_t>(p.dE) % 16 == 0;
-      for (int idx = threadIdx.x; idx < kBwdRows * (kBwdKeys / 4); idx += kBwdThreads) {
-        const int il = idx / (kBwdKeys / 4), c4 = idx % (kBwdKeys / 4);
-        const int64_t i = q0 + il, j = k0 + 4 * c4;
-        if (i >= sc.S || j >= sc.S) continue;
-        const float* v = dSs + il * kStride + 4 * c4;
-        float* out = p.dE + (h * sc.M + i) * sc.M + j;
-        if (quads && j + 3 < sc.S) {
-          mma::red_add4(out, v[0], v[1], v[2], v[3]);
+      constexpr int kQuads = kBwdKeys / 4, kRowStep = kBwdThreads / kQuads;
+      const int c = 4 * (threadIdx.x % kQuads), r0 = threadIdx.x / kQuads;
+      const int64_t inside = sc.S - k0 - c;  // of the quad's 4 keys
+      const bool quads = inside >= 4 && sc.M % 4 == 0 && reinterpret_cast<uintptr_t>(p.dE) % 16 == 0;
+      float* row = p.dE + (h * sc.M + q0 + r0) * sc.M + k0 + c;
+#pragma unroll
+      for (int k = 0; k < kBwdRows / kRowStep; ++k, row += kRowStep * sc.M) {
+        const int il = r0 + k * kRowStep;
+        if (q0 + il >= sc.S || inside <= 0) break;
+        const float* v = dSs + il * kStride + c;
+        if (quads) {
+          mma::red_add4(row, v[0], v[1], v[2], v[3]);
         } else {
-          for (int x = 0; x < 4 && j + x < sc.S; ++x) atomicAdd(out + x, v[x]);
+          for (int x = 0; x < 4 && x < inside; ++x) atomicAdd(row + x, v[x]);
         }
       }
     }

@@ -25,7 +25,8 @@ BackwardInputs make_backward_inputs(const Spec& s, tg::Tensor edit, tg::Tensor a
   in.within_edit_bias = small({s.H, 1, 1});
   in.cross_edit_bias = small({s.H, 1, 1});
   in.attention_mask = attn.defined() ? attn.cuda() : tg::ones({s.B, s.S}, cuda);
-  in.dropout_mask = keep.defined() ? keep.cuda() : tg::dropout_mask({s.B, s.H, s.S, s.S}, s.p, tg::default_generator().next(), cuda);
+  in.dropout_mask =
+      keep.defined() ? keep.cuda() : tg::dropout_mask({s.B, s.H, s.S, s.S}, s.p, tg::default_generator().next(), cuda);
   const tg::Tensor qkv = tg::linear(in.hidden_states, in.qkv_weight, in.qkv_bias, tg::MatmulPrecision::Highest)
                              .view({s.B, s.S, 3, s.H, D})
                              .permute({2, 0, 3, 1, 4});
