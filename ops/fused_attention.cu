@@ -356,7 +356,7 @@ struct BackwardLayout {
 };
 
 // With fp16 tiles: the to_fp16 alphas 2^-(e_i + e_j) of q, k, v, dO (in that
-// order; row-major 4 x 4) and the factor that scales dS.
+// order; row-major 4 x 4) and Pd's scale, from which dS's follows.
 constexpr int kHalfQ = 0, kHalfK = 1, kHalfV = 2, kHalfDO = 3;
 struct HalfOperands {
   HeadRows<const __half> q, k, v;
@@ -763,8 +763,8 @@ void launch_forward(const AttentionInputs& in, const Tensor& o, const Tensor& ls
 }
 
 // fp16 copies of q, k, v and dout (one max and one conversion kernel for the
-// four) and 2^-e_keep, keep_scale < 2^e_keep, that BackwardScales builds on. `half` keeps the copies
-// alive until the kernel is queued (later frees are stream-ordered).
+// four) and Pd's scale 2^-e_keep (keep_scale < 2^e_keep, BackwardScales).
+// `half` keeps the copies alive until the kernel is queued (stream-ordered).
 HalfOperands half_operands(const AttentionInputs& in, const AttentionGradTensors& g, Fp16Group& half) {
   const AttentionDims d = in.d;
   const int64_t rows = d.B * d.H * d.S;
