@@ -369,8 +369,7 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
   const TensorOptions opts{x.dtype(), x.device()};
   const Tensor dy = rows_view(in.grad_output, L.C), o = rows_view(in.attention_output, L.C);
 
-  // y = o Wo^T + bo:  dbo = column sums of dy, dWo = dy^T o, do = dy Wo.
-  TG_DISPATCH_DEVICE(x, ReduceKernels, sum_columns, dy, out.out_bias, L.B * L.S, L.C);
+  // y = o Wo^T + bo:  dWo = dy^T o, do = dy Wo (dbo, the column sums of dy, with the other biases below).
   enum { kDy, kO, kWo };
   const Projections out_proj({dy, o, in.out_weight}, precision);
   out_proj.into(out.out_weight, kDy, true, kO, false);
@@ -396,17 +395,15 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
   g.dq = head_view(dqkv, 0, L.H), g.dk = head_view(dqkv, 1, L.H), g.dv = head_view(dqkv, 2, L.H);
   g.dE = out.edit_region_bias, g.dw_in = out.within_edit_bias.view({L.H}), g.dw_x = out.cross_edit_bias.view({L.H});
   for (const Tensor* t : {&g.dE, &g.dw_in, &g.dw_x}) fill_into(*t, 0.0);
-  g.colsum_ds = zeros({L.B, L.H, L.S}, opts), g.rowsum_pd = zeros({L.B, L.H, L.S}, opts);
+  const Tensor sums = zeros({2, L.B, L.H, L.S}, opts);  // one fill for both
+  g.colsum_ds = sums.narrow(0, 0, 1).squeeze(0), g.rowsum_pd = sums.narrow(0, 1, 1).squeeze(0);
   TG_DISPATCH_DEVICE(x, FusedAttentionKernels, backward, core, g, precision);
 
   // dbqkv from fp32 sums, not from the tensor-core dq, dk, dv: sum_i dq_i =
-  // scale sum_j colsum(dS)_j k_j, sum_j dk_j = 0 (dS rows sum to 0), sum_j dv_j = sum_i rowsum(Pd)_i do_i.
-  const Tensor dq_bias = out.qkv_bias.narrow(0, 0, L.C), dk_bias = out.qkv_bias.narrow(0, L.C, L.C),
-               dv_bias = out.qkv_bias.narrow(0, 2 * L.C, L.C);
-  TG_DISPATCH_DEVICE(x, AttentionBiasKernels, head_weighted_sums, g.colsum_ds, in.key, scale, dq_bias);
-  fill_into(dk_bias, 0.0);
-  const Tensor do_heads = make_view(dout, {L.B, L.H, L.S, L.D}, {L.S * L.C, L.D, L.C, 1}, 0);
-  TG_DISPATCH_DEVICE(x, AttentionBiasKernels, head_weighted_sums, g.rowsum_pd, do_heads, 1.0, dv_bias);
+  // scale sum_j colsum(dS)_j k_j, sum_j dk_j = 0 (dS rows sum to 0), sum_j dv_j = sum_i rowsum(Pd)_i do_i;
+  // and dbo = sum_i dy_i, all in one pass.
+  TG_DISPATCH_DEVICE(x, AttentionBiasKernels, bias_sums, g.colsum_ds, g.rowsum_pd, in.key, dout, dy, scale,
+                     out.qkv_bias, out.out_bias);
 
   // qkv = x Wqkv^T + bqkv:  dWqkv = dqkv^T x, dx = dqkv Wqkv.
   enum { kDqkv, kX, kWqkv };

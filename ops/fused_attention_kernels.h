@@ -60,39 +60,64 @@ struct FusedAttentionKernels {
   static void backward(const AttentionInputs& in, const AttentionGradTensors& g, MatmulPrecision precision);
 };
 
-// out[h*D + d] = factor * sum over (b, s) of w[b,h,s] x[b,h,s,d], written once
-// for both devices as column sums over the B*S token rows: the qkv bias
-// gradient of the benchmark interface from fp32 row and column sums.
+// The benchmark interface's bias gradients, all column sums over the B*S
+// token rows (docs/derivations.md, "The qkv bias, carefully"), stacked as 4C
+// columns [dbq | dbk | dbv | dbo] so that one pass per reduction level makes
+// all of them (written once for both devices):
+//   dbq[h*D + d] = scale sum_(b,s) colsum(dS)[b,h,s] k[b,h,s,d]
+//   dbk = 0 (the rows of dS sum to 0)
+//   dbv[h*D + d] = sum_(b,s) rowsum(Pd)[b,h,s] do[b,s,h*D + d]
+//   dbo[c] = sum_(b,s) dy[b,s,c]
 template <class T>
-struct HeadWeighted {
-  const T *w, *x;
-  int64_t S, H, D, sb, sh, ss;
-  T factor;
+struct BiasSums {
+  const T *colsum_ds, *rowsum_pd;  // [B,H,S]
+  const T *k, *dout, *dy;          // k [B,H,S,D] (unit d stride); do and dy [B,S,C]
+  int64_t S, H, D, sb, sh, ss;     // k's strides
+  T scale;
   TG_HD T operator()(int64_t r, int64_t c) const {
-    // 32-bit quotients (B*S and H*D fit, checked by the caller): a 64-bit division costs several times more
+    // 32-bit quotients (B*S and 4*H*D fit, checked by the caller): a 64-bit division costs several times more
+    const uint32_t C = uint32_t(H * D), part = uint32_t(c) / C, col = uint32_t(c) - part * C;
     const uint32_t b = uint32_t(r) / uint32_t(S), s = uint32_t(r) - b * uint32_t(S);
-    const uint32_t h = uint32_t(c) / uint32_t(D), d = uint32_t(c) - h * uint32_t(D);
-    return factor * w[(b * H + h) * S + s] * x[b * sb + h * sh + s * ss + d];
+    const uint32_t h = col / uint32_t(D), d = col - h * uint32_t(D);
+    const int64_t row = (int64_t(b) * H + h) * S + s, token = int64_t(r) * C + col;
+    switch (part) {
+      case 0: return scale * colsum_ds[row] * k[b * sb + h * sh + s * ss + d];
+      case 1: return T(0);
+      case 2: return rowsum_pd[row] * dout[token];
+      default: return dy[token];
+    }
   }
+};
+
+// Where BiasSums' column c goes: qkv_bias [3C] for c < 3C, out_bias [C] after.
+template <class T>
+struct BiasOutputs {
+  T *qkv_bias, *out_bias;
+  int64_t qkv_cols;
+  TG_HD T& operator[](int64_t c) const { return c < qkv_cols ? qkv_bias[c] : out_bias[c - qkv_cols]; }
 };
 
 template <Device Dev>
 struct AttentionBiasKernels {
-  // weights [B,H,S], x [B,H,S,D] (unit d stride), out [H*D] contiguous.
-  static void head_weighted_sums(const Tensor& weights, const Tensor& x, double factor, const Tensor& out);
+  // colsum_ds, rowsum_pd [B,H,S]; k [B,H,S,D] (unit d stride); dout, dy [B,S,C]; qkv_bias [3C], out_bias [C].
+  static void bias_sums(const Tensor& colsum_ds, const Tensor& rowsum_pd, const Tensor& k, const Tensor& dout,
+                        const Tensor& dy, double scale, const Tensor& qkv_bias, const Tensor& out_bias);
 };
 TG_EXTERN_CUDA_KERNELS(AttentionBiasKernels);
 
 template <Device Dev>
-void AttentionBiasKernels<Dev>::head_weighted_sums(const Tensor& w, const Tensor& x, double factor, const Tensor& out) {
-  const int64_t B = x.size(0), H = x.size(1), S = x.size(2), D = x.size(3);
+void AttentionBiasKernels<Dev>::bias_sums(const Tensor& colsum_ds, const Tensor& rowsum_pd, const Tensor& k,
+                                          const Tensor& dout, const Tensor& dy, double scale, const Tensor& qkv_bias,
+                                          const Tensor& out_bias) {
+  const int64_t B = k.size(0), H = k.size(1), S = k.size(2), D = k.size(3);
   if (B * S == 0 || H * D == 0) return;
-  TG_CHECK(B * S <= UINT32_MAX && H * D <= UINT32_MAX, "fused_attention (qkv bias): ", B, " x ", S, " tokens or ", H,
-           " x ", D, " columns exceed 32-bit indexing");
-  TG_DISPATCH_FLOAT(x.dtype(), T, [&] {
-    const HeadWeighted<T> value{w.data<T>(), x.data<T>(), S, H, D, x.strides()[0], x.strides()[1], x.strides()[2],
-                                static_cast<T>(factor)};
-    column_sums_with(Loop<Dev>{"fused_attention (qkv bias)"}, value, B * S, H * D, out.data<T>(), x.device());
+  TG_CHECK(B * S <= UINT32_MAX && 4 * H * D <= UINT32_MAX, "fused_attention (biases): ", B, " x ", S, " tokens or 4 x ",
+           H, " x ", D, " columns exceed 32-bit indexing");
+  TG_DISPATCH_FLOAT(k.dtype(), T, [&] {
+    const BiasSums<T> value{colsum_ds.data<T>(), rowsum_pd.data<T>(), k.data<T>(), dout.data<T>(), dy.data<T>(),
+                            S, H, D, k.strides()[0], k.strides()[1], k.strides()[2], static_cast<T>(scale)};
+    const BiasOutputs<T> out{qkv_bias.data<T>(), out_bias.data<T>(), 3 * H * D};
+    column_sums_into<T>(Loop<Dev>{"fused_attention (biases)"}, value, B * S, 4 * H * D, out, k.device());
   });
 }
 

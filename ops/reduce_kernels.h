@@ -13,10 +13,12 @@ namespace tg {
 // one chunk is left.
 constexpr int64_t kColumnChunk = 16;
 
-template <class T, class Value>
+// `Out` is where the sums go: a T* of [chunks, cols], or for the last level
+// any type whose out[c] is a T& (several output tensors behind one index).
+template <class T, class Value, class Out = T*>
 struct ColumnChunkSum {
   Value value;
-  T* partial;  // [chunks, cols]
+  Out partial;  // [chunks, cols]
   int64_t rows, cols;
   TG_HD void operator()(int64_t i) const {
     const int64_t c = i % cols, first = (i / cols) * kColumnChunk;
@@ -34,16 +36,21 @@ struct ReadValue {  // value(r, c) = x[r, c] of a contiguous [rows, cols]
   TG_HD T operator()(int64_t r, int64_t c) const { return x[r * cols + c]; }
 };
 
-template <class T, class Loop, class Value>
-void column_sums_with(const Loop& loop, const Value& value, int64_t rows, int64_t cols, T* out, Device device) {
+template <class T, class Loop, class Value, class Out>
+void column_sums_into(const Loop& loop, const Value& value, int64_t rows, int64_t cols, const Out& out, Device device) {
   if (rows <= kColumnChunk) {
-    loop(cols, ColumnChunkSum<T, Value>{value, out, rows, cols});
+    loop(cols, ColumnChunkSum<T, Value, Out>{value, out, rows, cols});
     return;
   }
   const int64_t chunks = (rows + kColumnChunk - 1) / kColumnChunk;
   const Tensor partial = empty({chunks, cols}, {dtype_of<T>(), device});
   loop(chunks * cols, ColumnChunkSum<T, Value>{value, partial.data<T>(), rows, cols});
-  column_sums_with(loop, ReadValue<T>{partial.data<T>(), cols}, chunks, cols, out, device);
+  column_sums_into<T>(loop, ReadValue<T>{partial.data<T>(), cols}, chunks, cols, out, device);
+}
+
+template <class T, class Loop, class Value>
+void column_sums_with(const Loop& loop, const Value& value, int64_t rows, int64_t cols, T* out, Device device) {
+  column_sums_into<T>(loop, value, rows, cols, out, device);
 }
 
 // Kernels on a contiguous x viewed as [rows, cols]:
