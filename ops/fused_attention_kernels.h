@@ -80,12 +80,11 @@ struct BiasSums {
     const uint32_t b = uint32_t(r) / uint32_t(S), s = uint32_t(r) - b * uint32_t(S);
     const uint32_t h = col / uint32_t(D), d = col - h * uint32_t(D);
     const int64_t row = (int64_t(b) * H + h) * S + s, token = int64_t(r) * C + col;
-    switch (part) {
-      case 0: return scale * colsum_ds[row] * k[b * sb + h * sh + s * ss + d];
-      case 1: return T(0);
-      case 2: return rowsum_pd[row] * dout[token];
-      default: return dy[token];
-    }
+    if (part == 1) return T(0);
+    // Selects rather than a switch, so that an unrolled chunk's loads issue back to back.
+    const T weight = *((part == 0 ? colsum_ds : rowsum_pd) + row), factor = part == 0 ? scale : T(1);
+    const T* x = part == 0 ? k + (b * sb + h * sh + s * ss + d) : (part == 2 ? dout : dy) + token;
+    return (part == 3 ? T(1) : factor * weight) * *x;
   }
 };
 
