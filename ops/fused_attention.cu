@@ -104,7 +104,8 @@ __device__ void copy_head_rows(const HeadRows<const T>& x, int64_t b, int64_t h,
 // columns) and walks every kRowStep-th row, so its addresses advance by a
 // constant. 16-byte copies where the matrix allows them (ld and the tile's
 // start multiples of 4 floats), else 4-byte copies of consecutive elements by
-// consecutive lanes (one 128-byte span per warp).
+// consecutive lanes (one 128-byte span per warp), without bounds checks when
+// the tile lies wholly inside the matrix.
 template <int kThreads, int kRows, int kCols>
 __device__ void copy_tile(const float* src, int64_t ld, int64_t rows, int64_t cols, float* dst, int dst_stride) {
   const int n_rows = static_cast<int>(rows < kRows ? rows : kRows);
@@ -125,6 +126,16 @@ __device__ void copy_tile(const float* src, int64_t ld, int64_t rows, int64_t co
         for (int x = 0; x < 4; ++x) async::copy4(to + x, x < inside ? from + x : src, x < inside);
       }
     }
+  } else if (n_rows == kRows && n_cols == kCols) {  // a whole tile: a warp per row, no per-element checks
+    constexpr int kWarps = kThreads / 32;
+    static_assert(kThreads % 32 == 0 && kCols % 32 == 0 && kRows % kWarps == 0, "every warp copies whole rows");
+    const int lane = threadIdx.x % 32, r0 = threadIdx.x / 32;
+    const float* from = src + r0 * ld + lane;
+    float* to = dst + r0 * dst_stride + lane;
+#pragma unroll
+    for (int k = 0; k < kRows / kWarps; ++k, from += kWarps * ld, to += kWarps * dst_stride)
+#pragma unroll
+      for (int c = 0; c < kCols; c += 32) async::copy4(to + c, from + c, true);
   } else {
     constexpr int kRowStep = kThreads / kCols;
     static_assert(kThreads % kCols == 0 && kRows % kRowStep == 0, "every thread walks the same number of rows");
@@ -350,7 +361,7 @@ struct BackwardLayout {
   static constexpr size_t kTile = size_t(64) * kTileStride * sizeof(Staged), kFloatTile = 64 * kStride * sizeof(float);
   static constexpr size_t kK = 0, kV = kTile, kQ = 2 * kTile, kDO = 3 * kTile, kDS = 4 * kTile,
                           kSecond = kDS + kFloatTile, kSums = kSecond + kFloatTile,  // q_sums: doubles first
-      kRows = kSums + 4 * kBwdRows * sizeof(double), kKeys = kRows + 4 * kBwdRows * sizeof(float),
+      kRows = kSums + 4 * kBwdRows * sizeof(double), kKeys = kRows + 3 * kBwdRows * sizeof(float),
                           kBytes = kKeys + 2 * kBwdKeys * sizeof(float);
   static_assert(kTile % 16 == 0 && kFloatTile % 16 == 0, "tiles start on 16-byte boundaries");
 };
@@ -421,6 +432,27 @@ __device__ __forceinline__ void add_over_warp_keys(T v, T* row, int g) {
   if (g == 0) atomicAdd(row, v);
 }
 
+// Adds the sums of rows 16 warp .. 16 warp + 15 of a float tile 64 wide to
+// *out(row) (null: not added): two lanes per row, 32 columns each, read as
+// 16-byte quads. The second lane of a row starts half-way through its quads,
+// so a quarter warp (4 rows) reads 8 distinct 4-bank groups when stride / 4 is
+// odd (kStride: 4 more than a multiple of 16).
+template <class RowOut>
+__device__ __forceinline__ void add_warp_row_sums(const float* tile, int stride, int warp, int lane,
+                                                  const RowOut& out) {
+  const int row = 16 * warp + (lane >> 1), half = lane & 1;
+  const float4* quads = reinterpret_cast<const float4*>(tile + row * stride) + 8 * half;
+  float sum = 0.f;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const float4 x = quads[(k + 4 * half) & 7];
+    sum += (x.x + x.y) + (x.z + x.w);
+  }
+  sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+  float* dst = out(row);
+  if (half == 0 && dst) atomicAdd(dst, sum);
+}
+
 // kRead: P and Pd are read (the benchmark interface, with the row and column
 // sums for the bias gradient); else recomputed from the log-sum-exp (training).
 // kRowSums ("highest" with kRead): dw_in and dw_x are sums of dS that cancel
@@ -451,7 +483,6 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
   float* q_lse = reinterpret_cast<float*>(at(Layout::kRows));
   float* q_delta = q_lse + kBwdRows;
   float* q_e = q_delta + kBwdRows;
-  float* q_rowsum = q_e + kBwdRows;
   float* key_e = reinterpret_cast<float*>(at(Layout::kKeys));
   float* key_ok = key_e + kBwdKeys;
   const ScoreArgs& sc = p.sc;
@@ -478,6 +509,14 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
   const auto copy_queries = [&](int64_t qt) {
     copy_head_rows<kBwdThreads>(q_rows, b, h, qt * kBwdRows, kBwdRows, sc.S, Qs, kTs);
     copy_head_rows<kBwdThreads>(dout, b, h, qt * kBwdRows, kBwdRows, sc.S, dOs, kTs);
+    if (threadIdx.x < kBwdRows) {  // the per-query values, zeros past S (then recompute skips the row)
+      const int i = static_cast<int>(qt) * kBwdRows + threadIdx.x;
+      const bool ok = i < sc.S;
+      const int at = ok ? i : 0;
+      async::copy4(q_e + threadIdx.x, sc.e + b * sc.S + at, ok);
+      async::copy4(q_delta + threadIdx.x, p.delta + bh * sc.S + at, ok);
+      if constexpr (recompute) async::copy4(q_lse + threadIdx.x, p.lse + bh * sc.S + at, ok);
+    }
   };
 
   copy_head_rows<kBwdThreads>(k_rows, b, h, k0, kBwdKeys, sc.S, Ks, kTs);
@@ -517,16 +556,8 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
     __syncthreads();  // the previous tile's dS and row sums are no longer read
     copy_scores(kRead ? probs(p.P) : sc.E + h * sc.M * sc.M, kRead ? sc.S : sc.M, q0, dSs);
     async::commit();
-    if (threadIdx.x < kBwdRows) {
-      const int64_t i = q0 + threadIdx.x, row = bh * sc.S + i;
-      const bool ok = i < sc.S;
-      q_e[threadIdx.x] = ok ? sc.e[b * sc.S + i] : 0.f;
-      q_delta[threadIdx.x] = ok ? p.delta[row] : 0.f;
-      q_lse[threadIdx.x] = (ok && recompute) ? p.lse[row] : -INFINITY;
-      q_rowsum[threadIdx.x] = 0.f;
-      if constexpr (kRowSums)
-        for (int f = 0; f < 4; ++f) q_sums[f * kBwdRows + threadIdx.x] = 0;
-    }
+    if (kRowSums && threadIdx.x < kBwdRows)
+      for (int f = 0; f < 4; ++f) q_sums[f * kBwdRows + threadIdx.x] = 0;
     async::wait<1>();  // this tile's Q and dO (and Pd) are in; its P or E may still be on the way
     stage_head_rows<Mma, kBwdThreads>(Qs, kBwdRows);
     stage_head_rows<Mma, kBwdThreads>(dOs, kBwdRows);
@@ -542,7 +573,6 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
     if constexpr (recompute) mma::tile_product<Mma, 8, 8>(pd, Ks, kTs, key_rows, Qs, kTs, 0, lane);
     async::wait<0>();
     __syncthreads();  // P or E is in
-    float rowsum_part[8][2] = {};
     TilePartial tile_e[2] = {}, tile_all[2] = {};
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
@@ -568,7 +598,7 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
           const float dpd = factor.dpd * ds[nt][c];
           float prob = 0.f, dropped = 0.f, d = 0.f;
           if constexpr (recompute) {
-            if (key_valid[r] && q_lse[il] != -INFINITY) {
+            if (key_valid[r] && q0 + il < sc.S && q_lse[il] != -INFINITY) {
               const float score = attention_score(pd[nt][c], sc.scale, staged_in, w_in, w_x, q_e[il], ej[r]);
               prob = exp2f((score - q_lse[il]) * kLog2e);
             }
@@ -578,7 +608,6 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
             prob = staged_in;
             dropped = r ? pd_in.y : pd_in.x;
             d = dropped * dpd - prob * q_delta[il];
-            rowsum_part[nt][cq] += dropped;
             if constexpr (kRowSums) {
               const double pdp = double(dropped) * dpd;
               sums[0][cq] += pdp * ej[r];
@@ -613,12 +642,10 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
     mma::accumulator_product<Mma, 8, 8>(dV, pd, dOs, kTs, lane);  // dV += Pd^T dO
     mma::accumulator_product<Mma, 8, 8>(dK, ds, Qs, kTs, lane);   // dK += dS^T Q
 
-    if constexpr (kRead) {  // per query: over the thread's two keys, then the warp's 8 row groups
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) add_over_warp_keys(rowsum_part[nt][c], &q_rowsum[8 * nt + 2 * t + c], g);
-    }
+    if constexpr (kRead)  // rowsum(Pd) for the v bias, over this CTA's keys
+      add_warp_row_sums(Pds, kStride, warp, lane, [&](int il) {
+        return q0 + il < sc.S ? p.rowsum_pd + bh * sc.S + q0 + il : nullptr;
+      });
     __syncthreads();  // dS and the row sums are complete; Q, dO and Pd are read
     if (qt + p.splits < query_tiles) {
       copy_queries(qt + p.splits);
@@ -644,26 +671,25 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
     if (p.dE) {
       constexpr int kQuads = kBwdKeys / 4, kRowStep = kBwdThreads / kQuads;
       const int c = 4 * (threadIdx.x % kQuads), r0 = threadIdx.x / kQuads;
-      const int64_t inside = sc.S - k0 - c;  // of the quad's 4 keys
-      const bool quads = inside >= 4 && sc.M % 4 == 0 && reinterpret_cast<uintptr_t>(p.dE) % 16 == 0;
-      float* row = p.dE + (h * sc.M + q0 + r0) * sc.M + k0 + c;
+      const int inside = static_cast<int>(std::min<int64_t>(sc.S - k0 - c, 4));  // of the quad's 4 keys
+      const int rows = static_cast<int>(std::min<int64_t>(sc.S - q0, kBwdRows));
+      float* to = p.dE + (h * sc.M + q0 + r0) * sc.M + k0 + c;
+      const float* from = dSs + r0 * kStride + c;
+      if (inside == 4 && sc.M % 4 == 0 && reinterpret_cast<uintptr_t>(p.dE) % 16 == 0) {
 #pragma unroll
-      for (int k = 0; k < kBwdRows / kRowStep; ++k, row += kRowStep * sc.M) {
-        const int il = r0 + k * kRowStep;
-        if (q0 + il >= sc.S || inside <= 0) break;
-        const float* v = dSs + il * kStride + c;
-        if (quads) {
-          mma::red_add4(row, v[0], v[1], v[2], v[3]);
-        } else {
-          for (int x = 0; x < 4 && x < inside; ++x) atomicAdd(row + x, v[x]);
-        }
+        for (int k = 0; k < kBwdRows / kRowStep; ++k)
+          if (r0 + k * kRowStep < rows) {
+            const float4 v = *reinterpret_cast<const float4*>(from + k * kRowStep * kStride);
+            mma::red_add4(to + k * kRowStep * sc.M, v.x, v.y, v.z, v.w);
+          }
+      } else {  // the quad that straddles S (or an unaligned dE)
+        for (int r = 0; r0 + r < rows; r += kRowStep)
+          for (int x = 0; x < inside; ++x) atomicAdd(to + r * sc.M + x, from[r * kStride + x]);
       }
     }
-    if (kRead && threadIdx.x < kBwdRows && q0 + threadIdx.x < sc.S) {
+    if (kRowSums && threadIdx.x < kBwdRows && q0 + threadIdx.x < sc.S) {
       const int64_t row = bh * sc.S + q0 + threadIdx.x, rows = sc.B * sc.H * sc.S;
-      atomicAdd(p.rowsum_pd + row, q_rowsum[threadIdx.x]);
-      if constexpr (kRowSums)
-        for (int f = 0; f < 4; ++f) atomicAdd(p.row_sums + f * rows + row, q_sums[f * kBwdRows + threadIdx.x]);
+      for (int f = 0; f < 4; ++f) atomicAdd(p.row_sums + f * rows + row, q_sums[f * kBwdRows + threadIdx.x]);
     }
   }
 

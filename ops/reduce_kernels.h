@@ -25,7 +25,7 @@ struct ColumnChunkSum {
     const int64_t last = first + kColumnChunk < rows ? first + kColumnChunk : rows;
     T acc = 0;
     if (last - first == kColumnChunk) {  // a full chunk, unrolled: its loads are all in flight at once
-#pragma unroll
+      TG_UNROLL(kColumnChunk)
       for (int64_t k = 0; k < kColumnChunk; ++k) acc += value(first + k, c);
     } else {
       for (int64_t r = first; r < last; ++r) acc += value(r, c);
