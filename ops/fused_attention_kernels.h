@@ -74,14 +74,13 @@ struct BiasSums {
   const T *k, *dout, *dy;          // k [B,H,S,D] (unit d stride); do and dy [B,S,C]
   int64_t S, H, D, sb, sh, ss;     // k's strides
   T scale;
-  TG_HD T operator()(int64_t r, int64_t c) const {
-    // 32-bit quotients (B*S and 4*H*D fit, checked by the caller): a 64-bit division costs several times more
+  TG_HD T operator()(int64_t b, int64_t s, int64_t c) const {
+    // 32-bit quotients (4*H*D fits, checked by the caller): a 64-bit division costs several times more
     const uint32_t C = uint32_t(H * D), part = uint32_t(c) / C, col = uint32_t(c) - part * C;
-    const uint32_t b = uint32_t(r) / uint32_t(S), s = uint32_t(r) - b * uint32_t(S);
     const uint32_t h = col / uint32_t(D), d = col - h * uint32_t(D);
-    const int64_t row = (int64_t(b) * H + h) * S + s, token = int64_t(r) * C + col;
     if (part == 1) return T(0);
     // Selects rather than a switch, so that an unrolled chunk's loads issue back to back.
+    const int64_t row = (b * H + h) * S + s, token = (b * S + s) * C + col;
     const T weight = *((part == 0 ? colsum_ds : rowsum_pd) + row), factor = part == 0 ? scale : T(1);
     const T* x = part == 0 ? k + (b * sb + h * sh + s * ss + d) : (part == 2 ? dout : dy) + token;
     return (part == 3 ? T(1) : factor * weight) * *x;
@@ -110,13 +109,12 @@ void AttentionBiasKernels<Dev>::bias_sums(const Tensor& colsum_ds, const Tensor&
                                           const Tensor& out_bias) {
   const int64_t B = k.size(0), H = k.size(1), S = k.size(2), D = k.size(3);
   if (B * S == 0 || H * D == 0) return;
-  TG_CHECK(B * S <= UINT32_MAX && 4 * H * D <= UINT32_MAX, "fused_attention (biases): ", B, " x ", S, " tokens or 4 x ",
-           H, " x ", D, " columns exceed 32-bit indexing");
+  TG_CHECK(4 * H * D <= UINT32_MAX, "fused_attention (biases): 4 x ", H, " x ", D, " columns exceed 32-bit indexing");
   TG_DISPATCH_FLOAT(k.dtype(), T, [&] {
     const BiasSums<T> value{colsum_ds.data<T>(), rowsum_pd.data<T>(), k.data<T>(), dout.data<T>(), dy.data<T>(),
                             S, H, D, k.strides()[0], k.strides()[1], k.strides()[2], static_cast<T>(scale)};
     const BiasOutputs<T> out{qkv_bias.data<T>(), out_bias.data<T>(), 3 * H * D};
-    column_sums_into<T>(Loop<Dev>{"fused_attention (biases)"}, value, B * S, 4 * H * D, out, k.device());
+    batch_column_sums_into<T>(Loop<Dev>{"fused_attention (biases)"}, value, B, S, 4 * H * D, out, k.device());
   });
 }
 

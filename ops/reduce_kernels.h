@@ -13,6 +13,20 @@ namespace tg {
 // one chunk is left.
 constexpr int64_t kColumnChunk = 16;
 
+// The sum of f(r) over rows first .. last - 1 of a chunk, in row order; a
+// full chunk unrolled, so that its loads are all in flight at once.
+template <class T, class F>
+TG_HD T chunk_sum(int64_t first, int64_t last, const F& f) {
+  T acc = 0;
+  if (last - first == kColumnChunk) {
+    TG_UNROLL(kColumnChunk)
+    for (int64_t k = 0; k < kColumnChunk; ++k) acc += f(first + k);
+  } else {
+    for (int64_t r = first; r < last; ++r) acc += f(r);
+  }
+  return acc;
+}
+
 // `Out` is where the sums go: a T* of [chunks, cols], or for the last level
 // any type whose out[c] is a T& (several output tensors behind one index).
 template <class T, class Value, class Out = T*>
@@ -23,14 +37,22 @@ struct ColumnChunkSum {
   TG_HD void operator()(int64_t i) const {
     const int64_t c = i % cols, first = (i / cols) * kColumnChunk;
     const int64_t last = first + kColumnChunk < rows ? first + kColumnChunk : rows;
-    T acc = 0;
-    if (last - first == kColumnChunk) {  // a full chunk, unrolled: its loads are all in flight at once
-      TG_UNROLL(kColumnChunk)
-      for (int64_t k = 0; k < kColumnChunk; ++k) acc += value(first + k, c);
-    } else {
-      for (int64_t r = first; r < last; ++r) acc += value(r, c);
-    }
-    partial[i] = acc;
+    partial[i] = chunk_sum<T>(first, last, [&](int64_t r) { return value(r, c); });
+  }
+};
+
+// The same over rows that come as B batches of S, value(b, s, c): chunks do
+// not straddle batches, so a row needs no division into (b, s).
+template <class T, class Value, class Out = T*>
+struct BatchChunkSum {
+  Value value;
+  Out partial;  // [B * per_batch, cols]
+  int64_t S, per_batch, cols;
+  TG_HD void operator()(int64_t i) const {
+    const int64_t c = i % cols, chunk = i / cols, b = chunk / per_batch;
+    const int64_t first = (chunk - b * per_batch) * kColumnChunk;
+    const int64_t last = first + kColumnChunk < S ? first + kColumnChunk : S;
+    partial[i] = chunk_sum<T>(first, last, [&](int64_t s) { return value(b, s, c); });
   }
 };
 
@@ -50,6 +72,20 @@ void column_sums_into(const Loop& loop, const Value& value, int64_t rows, int64_
   const int64_t chunks = (rows + kColumnChunk - 1) / kColumnChunk;
   const Tensor partial = empty({chunks, cols}, {dtype_of<T>(), device});
   loop(chunks * cols, ColumnChunkSum<T, Value>{value, partial.data<T>(), rows, cols});
+  column_sums_into<T>(loop, ReadValue<T>{partial.data<T>(), cols}, chunks, cols, out, device);
+}
+
+// out[c] = sum over (b, s) of value(b, s, c), b < B, s < S.
+template <class T, class Loop, class Value, class Out>
+void batch_column_sums_into(const Loop& loop, const Value& value, int64_t B, int64_t S, int64_t cols, const Out& out,
+                            Device device) {
+  const int64_t per_batch = (S + kColumnChunk - 1) / kColumnChunk, chunks = B * per_batch;
+  if (chunks == 1) {
+    loop(cols, BatchChunkSum<T, Value, Out>{value, out, S, per_batch, cols});
+    return;
+  }
+  const Tensor partial = empty({chunks, cols}, {dtype_of<T>(), device});
+  loop(chunks * cols, BatchChunkSum<T, Value>{value, partial.data<T>(), S, per_batch, cols});
   column_sums_into<T>(loop, ReadValue<T>{partial.data<T>(), cols}, chunks, cols, out, device);
 }
 

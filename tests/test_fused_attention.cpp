@@ -77,40 +77,46 @@ TEST_CASE("fused/cpu float64: the fused algorithm equals the decomposed graph") 
 }
 
 TEST_CASE("fused/cpu float64: the benchmark interface backward equals the decomposed graph's") {
-  tg::manual_seed(32);
-  const int64_t B = 2, S = 11, C = 16, H = 2, M = 13, D = C / H;
-  const double p = 0.1;
-  const tg::TensorOptions f64{tg::DType::Float64};
-  Layer L = make_layer(B, S, C, H, M, tg::dropout_mask({B, S}, 0.5, {8, 1}, f64), tg::dropout_mask({B, S}, 0.1, {8, 2}, f64));
-  const tg::Tensor m = tg::dropout_mask({B, H, S, S}, p, {9, 9}, f64);
-  // The decomposed forward, keeping the tensors the interface reads.
-  tg::Tensor x = L.x.detach().clone().requires_grad_();
-  const tg::RegionAttentionParams& P = L.params;
-  const tg::Tensor qkv = tg::linear(x, P.qkv_weight, P.qkv_bias).view({B, S, 3, H, D}).permute({2, 0, 3, 1, 4});
-  const tg::Tensor q = qkv.narrow(0, 0, 1).squeeze(0).contiguous(), k = qkv.narrow(0, 1, 1).squeeze(0).contiguous(),
-                   v = qkv.narrow(0, 2, 1).squeeze(0).contiguous();
-  tg::Tensor s = tg::mul(tg::matmul(q, k.transpose(-1, -2)), 1 / std::sqrt(double(D)));
-  s = tg::add(s, tg::edit_bias(P.edit_region_bias, P.within_edit_bias, P.cross_edit_bias, L.e));
-  s = tg::masked_fill(s, tg::add(tg::neg(L.a), 1.0).view({B, 1, 1, S}), -INFINITY);
-  const tg::Tensor probs = tg::softmax(s), dropped = tg::dropout(probs, {p, std::nullopt, m});
-  const tg::Tensor o = tg::matmul(dropped, v).permute({0, 2, 1, 3}).reshape({B, S, C});
-  const tg::Tensor y = tg::linear(o, P.out_weight, P.out_bias);
-  const tg::Tensor dy = tg::randn({B, S, C}, f64);
-  y.backward(dy);
-  tg::NoGradGuard no_grad;
-  const tg::fused::BackwardInputs in{dy, x.detach(), L.e, P.qkv_weight.detach(), P.qkv_bias.detach(),
-                                     P.out_weight.detach(), P.out_bias.detach(), P.edit_region_bias.detach(),
-                                     P.within_edit_bias.detach(), P.cross_edit_bias.detach(), L.a, q.detach(),
-                                     k.detach(), v.detach(), s.detach(), probs.detach(), dropped.detach(), o.detach(), m};
-  const tg::fused::Gradients g = tg::fused::region_attention_backward(in, 1 / std::sqrt(double(D)), p);
-  CHECK(max_abs_diff(g.hidden_states, x.grad()) < 1e-10);
-  CHECK(max_abs_diff(g.qkv_weight, P.qkv_weight.grad()) < 1e-10);
-  CHECK(max_abs_diff(g.qkv_bias, P.qkv_bias.grad()) < 1e-10);
-  CHECK(max_abs_diff(g.out_weight, P.out_weight.grad()) < 1e-10);
-  CHECK(max_abs_diff(g.out_bias, P.out_bias.grad()) < 1e-10);
-  CHECK(max_abs_diff(g.edit_region_bias, P.edit_region_bias.grad()) < 1e-10);
-  CHECK(max_abs_diff(g.within_edit_bias, P.within_edit_bias.grad()) < 1e-10);
-  CHECK(max_abs_diff(g.cross_edit_bias, P.cross_edit_bias.grad()) < 1e-10);
+  // S = 37: the bias sums' chunks of 16 rows, whole and partial, within each batch.
+  for (const auto& [B, S] : {std::pair<int64_t, int64_t>{2, 11}, {3, 37}}) {
+    CAPTURE(S);
+    tg::manual_seed(32);
+    const int64_t C = 16, H = 2, M = S + 2, D = C / H;
+    const double p = 0.1;
+    const tg::TensorOptions f64{tg::DType::Float64};
+    Layer L = make_layer(B, S, C, H, M, tg::dropout_mask({B, S}, 0.5, {8, 1}, f64),
+                         tg::dropout_mask({B, S}, 0.1, {8, 2}, f64));
+    const tg::Tensor m = tg::dropout_mask({B, H, S, S}, p, {9, 9}, f64);
+    // The decomposed forward, keeping the tensors the interface reads.
+    tg::Tensor x = L.x.detach().clone().requires_grad_();
+    const tg::RegionAttentionParams& P = L.params;
+    const tg::Tensor qkv = tg::linear(x, P.qkv_weight, P.qkv_bias).view({B, S, 3, H, D}).permute({2, 0, 3, 1, 4});
+    const tg::Tensor q = qkv.narrow(0, 0, 1).squeeze(0).contiguous(), k = qkv.narrow(0, 1, 1).squeeze(0).contiguous(),
+                     v = qkv.narrow(0, 2, 1).squeeze(0).contiguous();
+    tg::Tensor s = tg::mul(tg::matmul(q, k.transpose(-1, -2)), 1 / std::sqrt(double(D)));
+    s = tg::add(s, tg::edit_bias(P.edit_region_bias, P.within_edit_bias, P.cross_edit_bias, L.e));
+    s = tg::masked_fill(s, tg::add(tg::neg(L.a), 1.0).view({B, 1, 1, S}), -INFINITY);
+    const tg::Tensor probs = tg::softmax(s), dropped = tg::dropout(probs, {p, std::nullopt, m});
+    const tg::Tensor o = tg::matmul(dropped, v).permute({0, 2, 1, 3}).reshape({B, S, C});
+    const tg::Tensor y = tg::linear(o, P.out_weight, P.out_bias);
+    const tg::Tensor dy = tg::randn({B, S, C}, f64);
+    y.backward(dy);
+    tg::NoGradGuard no_grad;
+    const tg::fused::BackwardInputs in{dy, x.detach(), L.e, P.qkv_weight.detach(), P.qkv_bias.detach(),
+                                       P.out_weight.detach(), P.out_bias.detach(), P.edit_region_bias.detach(),
+                                       P.within_edit_bias.detach(), P.cross_edit_bias.detach(), L.a, q.detach(),
+                                       k.detach(), v.detach(), s.detach(), probs.detach(), dropped.detach(),
+                                       o.detach(), m};
+    const tg::fused::Gradients g = tg::fused::region_attention_backward(in, 1 / std::sqrt(double(D)), p);
+    CHECK(max_abs_diff(g.hidden_states, x.grad()) < 1e-10);
+    CHECK(max_abs_diff(g.qkv_weight, P.qkv_weight.grad()) < 1e-10);
+    CHECK(max_abs_diff(g.qkv_bias, P.qkv_bias.grad()) < 1e-10);
+    CHECK(max_abs_diff(g.out_weight, P.out_weight.grad()) < 1e-10);
+    CHECK(max_abs_diff(g.out_bias, P.out_bias.grad()) < 1e-10);
+    CHECK(max_abs_diff(g.edit_region_bias, P.edit_region_bias.grad()) < 1e-10);
+    CHECK(max_abs_diff(g.within_edit_bias, P.within_edit_bias.grad()) < 1e-10);
+    CHECK(max_abs_diff(g.cross_edit_bias, P.cross_edit_bias.grad()) < 1e-10);
+  }
 }
 
 // The "highest" benchmark interface forms dw_in and dw_x from four row sums
