@@ -104,8 +104,8 @@ __device__ void copy_head_rows(const HeadRows<const T>& x, int64_t b, int64_t h,
 // columns) and walks every kRowStep-th row, so its addresses advance by a
 // constant. 16-byte copies where the matrix allows them (ld and the tile's
 // start multiples of 4 floats), else 4-byte copies of consecutive elements by
-// consecutive lanes (one 128-byte span per warp), without bounds checks when
-// the tile lies wholly inside the matrix.
+// consecutive lanes (one 128-byte span per warp); a whole tile of such rows
+// goes a warp per row, without per-element checks.
 template <int kThreads, int kRows, int kCols>
 __device__ void copy_tile(const float* src, int64_t ld, int64_t rows, int64_t cols, float* dst, int dst_stride) {
   const int n_rows = static_cast<int>(rows < kRows ? rows : kRows);
@@ -334,7 +334,8 @@ __global__ void __launch_bounds__(kFwdThreads) attention_forward_kernel(ForwardA
 //
 // Loads are cp.async groups, issued ahead of their use: this tile's S x S
 // input (P, or the edit_region_bias corner) while dPd^T is computed; the next
-// tile's Q, dO (and Pd) as soon as this tile's are read, during dQ and dE.
+// tile's Q, dO, per-query e, Delta (lse) and Pd as soon as this tile's are
+// read, during dQ and dE.
 //
 // With the Fp16 policy (the benchmark interface at "high") Q, K, V and dO
 // arrive as fp16 copies scaled by powers of two (to_fp16), dS is scaled by
@@ -512,10 +513,10 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
     if (threadIdx.x < kBwdRows) {  // the per-query values, zeros past S (then recompute skips the row)
       const int i = static_cast<int>(qt) * kBwdRows + threadIdx.x;
       const bool ok = i < sc.S;
-      const int at = ok ? i : 0;
-      async::copy4(q_e + threadIdx.x, sc.e + b * sc.S + at, ok);
-      async::copy4(q_delta + threadIdx.x, p.delta + bh * sc.S + at, ok);
-      if constexpr (recompute) async::copy4(q_lse + threadIdx.x, p.lse + bh * sc.S + at, ok);
+      const int src = ok ? i : 0;
+      async::copy4(q_e + threadIdx.x, sc.e + b * sc.S + src, ok);
+      async::copy4(q_delta + threadIdx.x, p.delta + bh * sc.S + src, ok);
+      if constexpr (recompute) async::copy4(q_lse + threadIdx.x, p.lse + bh * sc.S + src, ok);
     }
   };
 
@@ -553,12 +554,12 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
 
   for (int64_t qt = split; qt < query_tiles; qt += p.splits) {
     const int64_t q0 = qt * kBwdRows;
-    __syncthreads();  // the previous tile's dS and row sums are no longer read
+    __syncthreads();  // the previous tile's dS (and q_sums) are no longer read
     copy_scores(kRead ? probs(p.P) : sc.E + h * sc.M * sc.M, kRead ? sc.S : sc.M, q0, dSs);
     async::commit();
     if (kRowSums && threadIdx.x < kBwdRows)
       for (int f = 0; f < 4; ++f) q_sums[f * kBwdRows + threadIdx.x] = 0;
-    async::wait<1>();  // this tile's Q and dO (and Pd) are in; its P or E may still be on the way
+    async::wait<1>();  // this tile's Q, dO, e, Delta (lse) and Pd are in; its P or E may still be on the way
     stage_head_rows<Mma, kBwdThreads>(Qs, kBwdRows);
     stage_head_rows<Mma, kBwdThreads>(dOs, kBwdRows);
     __syncthreads();
@@ -646,7 +647,7 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
       add_warp_row_sums(Pds, kStride, warp, lane, [&](int il) {
         return q0 + il < sc.S ? p.rowsum_pd + bh * sc.S + q0 + il : nullptr;
       });
-    __syncthreads();  // dS and the row sums are complete; Q, dO and Pd are read
+    __syncthreads();  // dS and q_sums are complete; Q, dO, Pd, e, Delta (lse) are read: the next tile's may land
     if (qt + p.splits < query_tiles) {
       copy_queries(qt + p.splits);
       if constexpr (kRead) copy_scores(probs(p.Pd), sc.S, q0 + p.splits * kBwdRows, Pds);

@@ -79,7 +79,6 @@ struct BiasSums {
     const uint32_t C = uint32_t(H * D), part = uint32_t(c) / C, col = uint32_t(c) - part * C;
     const uint32_t h = col / uint32_t(D), d = col - h * uint32_t(D);
     if (part == 1) return T(0);
-    // Selects rather than a switch, so that an unrolled chunk's loads issue back to back.
     const int64_t row = (b * H + h) * S + s, token = (b * S + s) * C + col;
     const T weight = *((part == 0 ? colsum_ds : rowsum_pd) + row), factor = part == 0 ? scale : T(1);
     const T* x = part == 0 ? k + (b * sb + h * sh + s * ss + d) : (part == 2 ? dout : dy) + token;
