@@ -25,9 +25,10 @@ void layer_norm_param_grad_with(const Loop& loop, const Tensor& x, const Tensor&
                                 const Tensor& rstd, const Tensor& dw, const Tensor& db, LayerNormDims d) {
   TG_DISPATCH_FLOAT(g.dtype(), T, [&] {
     if (dw.defined())
-      column_sums_with(loop, GradTimesXhat<T>{x.data<T>(), g.data<T>(), mean.data<T>(), rstd.data<T>(), d.cols}, d.rows,
-                       d.cols, dw.data<T>(), g.device());
-    if (db.defined()) column_sums_with(loop, ReadValue<T>{g.data<T>(), d.cols}, d.rows, d.cols, db.data<T>(), g.device());
+      column_sums_into<T>(loop, GradTimesXhat<T>{x.data<T>(), g.data<T>(), mean.data<T>(), rstd.data<T>(), d.cols},
+                          d.rows, d.cols, dw.data<T>(), g.device());
+    if (db.defined())
+      column_sums_into<T>(loop, ReadValue<T>{g.data<T>(), d.cols}, d.rows, d.cols, db.data<T>(), g.device());
   });
 }
 

@@ -89,11 +89,6 @@ void batch_column_sums_into(const Loop& loop, const Value& value, int64_t B, int
   column_sums_into<T>(loop, ReadValue<T>{partial.data<T>(), cols}, chunks, cols, out, device);
 }
 
-template <class T, class Loop, class Value>
-void column_sums_with(const Loop& loop, const Value& value, int64_t rows, int64_t cols, T* out, Device device) {
-  column_sums_into<T>(loop, value, rows, cols, out, device);
-}
-
 // Kernels on a contiguous x viewed as [rows, cols]:
 // sum_rows: out[r] = sum_j x[r, j];  sum_columns: out[c] = sum_r x[r, c].
 template <Device D>
@@ -106,7 +101,7 @@ TG_EXTERN_CUDA_KERNELS(ReduceKernels);
 template <Device D>
 void ReduceKernels<D>::sum_columns(const Tensor& x, const Tensor& out, int64_t rows, int64_t cols) {
   TG_DISPATCH_FLOAT(x.dtype(), T, [&] {
-    column_sums_with(Loop<D>{"sum"}, ReadValue<T>{x.data<T>(), cols}, rows, cols, out.data<T>(), D);
+    column_sums_into<T>(Loop<D>{"sum"}, ReadValue<T>{x.data<T>(), cols}, rows, cols, out.data<T>(), D);
   });
 }
 
