@@ -719,25 +719,15 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
   }
 }
 
-// delta[row] = dout_row . o_row for each (b, h, i): a warp per kDotRows rows
-// of 64, their loads issued together.
-constexpr int kDotRows = 4;
+// delta[row] = dout_row . o_row for each (b, h, i): one warp per row of 64.
 __global__ void row_dot_kernel(const float* dout, const float* o, float* delta, int64_t rows, int64_t S, int64_t H) {
-  const int64_t first = warp_row() * kDotRows;
-  float2 x[kDotRows], y[kDotRows];
-#pragma unroll
-  for (int r = 0; r < kDotRows; ++r) {
-    const int64_t row = first + r < rows ? first + r : rows - 1;
-    const int64_t i = row % S, h = (row / S) % H, b = row / (S * H);
-    const int64_t at = (b * S + i) * H * kD + h * kD + 2 * (threadIdx.x % 32);
-    x[r] = *reinterpret_cast<const float2*>(dout + at);
-    y[r] = *reinterpret_cast<const float2*>(o + at);
-  }
-#pragma unroll
-  for (int r = 0; r < kDotRows; ++r) {
-    const float v = warp_sum(x[r].x * y[r].x + x[r].y * y[r].y);
-    if (threadIdx.x % 32 == 0 && first + r < rows) delta[first + r] = v;
-  }
+  const int64_t row = warp_row();
+  if (row >= rows) return;
+  const int64_t i = row % S, h = (row / S) % H, b = row / (S * H);
+  const int64_t at = (b * S + i) * H * kD + h * kD + 2 * (threadIdx.x % 32);
+  const float2 x = *reinterpret_cast<const float2*>(dout + at), y = *reinterpret_cast<const float2*>(o + at);
+  const float v = warp_sum(x.x * y.x + x.y * y.y);
+  if (threadIdx.x % 32 == 0) delta[row] = v;
 }
 
 // dw_in[h] and dw_x[h] += their sums, one block per head: the kernel's fp64
@@ -874,8 +864,8 @@ void FusedAttentionKernels<Device::CUDA>::row_dot(const Tensor& dout, const Tens
   if (rows == 0) return;
   check_aligned("dout", dout, 8);
   check_aligned("o", o, 8);
-  row_dot_kernel<<<row_blocks((rows + kDotRows - 1) / kDotRows), 32 * kRowsPerBlock, 0, stream()>>>(
-      dout.data<float>(), o.data<float>(), delta.data<float>(), rows, d.S, d.H);
+  row_dot_kernel<<<row_blocks(rows), 32 * kRowsPerBlock, 0, stream()>>>(dout.data<float>(), o.data<float>(),
+                                                                        delta.data<float>(), rows, d.S, d.H);
   check_launch("fused_attention (row dot)");
 }
 
