@@ -341,13 +341,12 @@ __device__ __forceinline__ void red_add2(float* p, float x, float y) {
 // the lanes need no shuffles to pair rows first.
 template <int N, class RowOf>
 __device__ __forceinline__ void red_add_tile(const float (&acc)[N][4], float f, const RowOf& row, int lane) {
-  float* const rows[2] = {row(0), row(1)};
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    if (!rows[r]) continue;
+    float* dst = row(r);
+    if (!dst) continue;
 #pragma unroll
-    for (int nt = 0; nt < N; ++nt)
-      red_add2(rows[r] + 8 * nt + 2 * (lane & 3), f * acc[nt][2 * r], f * acc[nt][2 * r + 1]);
+    for (int nt = 0; nt < N; ++nt) red_add2(dst + 8 * nt + 2 * (lane & 3), f * acc[nt][2 * r], f * acc[nt][2 * r + 1]);
   }
 }
 
