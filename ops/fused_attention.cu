@@ -698,7 +698,7 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
   // column sums are reduced over the quad first (every lane takes part).
   const auto key_row = [&](const HeadRows<float>* x) {
     return [&, x](int r) {
-      const int64_t j = k0 + (r ? jl[1] : jl[0]);  // not jl[r]: r is a runtime value, jl would go to local memory
+      const int64_t j = k0 + (r ? jl[1] : jl[0]);  // not jl[r]: indexed by a variable, jl could go to local memory
       return j < sc.S ? x->row(b, h, j) : nullptr;
     };
   };
