@@ -327,21 +327,26 @@ __device__ __forceinline__ void red_add4(float* p, float x, float y, float z, fl
   asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(x), "f"(y), "f"(z), "f"(w) : "memory");
 }
 
-// Adds f times a 16 x 8N accumulator tile to global rows with 16-byte
-// atomics: row(0) is where fragment row g goes, row(1) row g + 8 (null: not
-// added; 16-byte aligned rows). Lanes t and t ^ 1 swap halves first, so that
-// an even t holds four consecutive columns of row g and an odd t of row g + 8.
+// Atomic add without a return value: two consecutive floats (8-byte
+// aligned) in one instruction.
+__device__ __forceinline__ void red_add2(float* p, float x, float y) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(x), "f"(y) : "memory");
+}
+
+// Adds f times a 16 x 8N accumulator tile to global rows with 8-byte atomics,
+// each lane its own pairs (c0, c1) and (c2, c3) as they stand: row(0) is where
+// fragment row g goes, row(1) row g + 8 (null: not added; 8-byte aligned rows).
+// A warp's instruction still covers whole 32-byte sectors (four lanes per
+// row), so the L2 sees as many sector updates as with 16-byte atomics, and
+// the lanes need no shuffles to pair rows first.
 template <int N, class RowOf>
 __device__ __forceinline__ void red_add_tile(const float (&acc)[N][4], float f, const RowOf& row, int lane) {
-  const int t = lane & 3, odd = t & 1;
-  float* dst = row(odd);
 #pragma unroll
-  for (int nt = 0; nt < N; ++nt) {
-    const float(&c)[4] = acc[nt];
-    const float give0 = odd ? c[0] : c[2], give1 = odd ? c[1] : c[3];  // the partner's row
-    const float got0 = __shfl_xor_sync(0xffffffffu, give0, 1), got1 = __shfl_xor_sync(0xffffffffu, give1, 1);
-    const float4 v = odd ? make_float4(got0, got1, c[2], c[3]) : make_float4(c[0], c[1], got0, got1);
-    if (dst) red_add4(dst + 8 * nt + 2 * (t & ~1), f * v.x, f * v.y, f * v.z, f * v.w);
+  for (int r = 0; r < 2; ++r) {
+    float* dst = row(r);
+    if (!dst) continue;
+#pragma unroll
+    for (int nt = 0; nt < N; ++nt) red_add2(dst + 8 * nt + 2 * (lane & 3), f * acc[nt][2 * r], f * acc[nt][2 * r + 1]);
   }
 }
 

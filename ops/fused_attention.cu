@@ -698,7 +698,7 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
   // column sums are reduced over the quad first (every lane takes part).
   const auto key_row = [&](const HeadRows<float>* x) {
     return [&, x](int r) {
-      const int64_t j = k0 + (r ? jl[1] : jl[0]);  // not jl[r]: r is a runtime value, jl would go to local memory
+      const int64_t j = k0 + (r ? jl[1] : jl[0]);  // not jl[r]: indexed by a variable, jl could go to local memory
       return j < sc.S ? x->row(b, h, j) : nullptr;
     };
   };
@@ -719,15 +719,17 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
   }
 }
 
-// delta[row] = dout_row . o_row for each (b, h, i): one warp per row of 64.
-__global__ void row_dot_kernel(const float* dout, const float* o, float* delta, int64_t rows, int64_t S, int64_t H) {
-  const int64_t row = warp_row();
-  if (row >= rows) return;
-  const int64_t i = row % S, h = (row / S) % H, b = row / (S * H);
+// delta[b, h, i] = dout_row . o_row over the 64 columns of head h: blockIdx.x
+// is (b, h), blockIdx.y a block of queries, a warp per query (no division
+// of a row index per row).
+__global__ void row_dot_kernel(const float* dout, const float* o, float* delta, int64_t S, int64_t H) {
+  const int64_t bh = blockIdx.x, b = bh / H, h = bh - b * H;
+  const int64_t i = int64_t(blockIdx.y) * kRowsPerBlock + threadIdx.x / 32;
+  if (i >= S) return;
   const int64_t at = (b * S + i) * H * kD + h * kD + 2 * (threadIdx.x % 32);
   const float2 x = *reinterpret_cast<const float2*>(dout + at), y = *reinterpret_cast<const float2*>(o + at);
   const float v = warp_sum(x.x * y.x + x.y * y.y);
-  if (threadIdx.x % 32 == 0) delta[row] = v;
+  if (threadIdx.x % 32 == 0) delta[bh * S + i] = v;
 }
 
 // dw_in[h] and dw_x[h] += their sums, one block per head: the kernel's fp64
@@ -864,8 +866,9 @@ void FusedAttentionKernels<Device::CUDA>::row_dot(const Tensor& dout, const Tens
   if (rows == 0) return;
   check_aligned("dout", dout, 8);
   check_aligned("o", o, 8);
-  row_dot_kernel<<<row_blocks(rows), 32 * kRowsPerBlock, 0, stream()>>>(dout.data<float>(), o.data<float>(),
-                                                                        delta.data<float>(), rows, d.S, d.H);
+  const dim3 grid(static_cast<unsigned>(d.B * d.H), row_blocks(d.S));
+  row_dot_kernel<<<grid, 32 * kRowsPerBlock, 0, stream()>>>(dout.data<float>(), o.data<float>(),
+                                                           delta.data<float>(), d.S, d.H);
   check_launch("fused_attention (row dot)");
 }
 

@@ -68,21 +68,35 @@ struct FusedAttentionKernels {
 //   dbk = 0 (the rows of dS sum to 0)
 //   dbv[h*D + d] = sum_(b,s) rowsum(Pd)[b,h,s] do[b,s,h*D + d]
 //   dbo[c] = sum_(b,s) dy[b,s,c]
+// One column of one batch: (a + f w[s]) x[s * step] for its rows s.
+template <class T>
+struct WeightedColumn {
+  const T *w, *x;
+  int64_t step;
+  T a, f;
+  TG_HD T operator()(int64_t s) const { return (a + f * w[s]) * x[s * step]; }
+};
+
 template <class T>
 struct BiasSums {
   const T *colsum_ds, *rowsum_pd;  // [B,H,S]
   const T *k, *dout, *dy;          // k [B,H,S,D] (unit d stride); do and dy [B,S,C]
   int64_t S, H, D, sb, sh, ss;     // k's strides
   T scale;
-  TG_HD T operator()(int64_t b, int64_t s, int64_t c) const {
-    // 32-bit quotients (4*H*D fits, checked by the caller): a 64-bit division costs several times more
-    const uint32_t C = uint32_t(H * D), part = uint32_t(c) / C, col = uint32_t(c) - part * C;
-    const uint32_t h = col / uint32_t(D), d = col - h * uint32_t(D);
-    if (part == 1) return T(0);
-    const int64_t row = (b * H + h) * S + s, token = (b * S + s) * C + col;
-    const T weight = *((part == 0 ? colsum_ds : rowsum_pd) + row), factor = part == 0 ? scale : T(1);
-    const T* x = part == 0 ? k + (b * sb + h * sh + s * ss + d) : (part == 2 ? dout : dy) + token;
-    return (part == 3 ? T(1) : factor * weight) * *x;
+  // Column c of batch b, set up once for a chunk's rows, so the row loop has
+  // no branch: a, f pick the weight (1, scale colsum(dS), rowsum(Pd), or 0 for
+  // dbk, whose loads then read the small colsum row instead of a [B,S,C] tensor).
+  TG_HD WeightedColumn<T> column(int64_t b, int64_t c) const {
+    const int64_t C = H * D, part = c / C, col = c - part * C, h = col / D, d = col - h * D;
+    const T* colsum = colsum_ds + (b * H + h) * S;
+    const T* rowsum = rowsum_pd + (b * H + h) * S;
+    const T* tokens = (part == 2 ? dout : dy) + b * S * C + col;  // row s at tokens[s * C]
+    switch (part) {
+      case 0: return {colsum, k + b * sb + h * sh + d, ss, T(0), scale};
+      case 1: return {colsum, colsum, 1, T(0), T(0)};
+      case 2: return {rowsum, tokens, C, T(0), T(1)};
+      default: return {rowsum, tokens, C, T(1), T(0)};
+    }
   }
 };
 
@@ -108,7 +122,6 @@ void AttentionBiasKernels<Dev>::bias_sums(const Tensor& colsum_ds, const Tensor&
                                           const Tensor& out_bias) {
   const int64_t B = k.size(0), H = k.size(1), S = k.size(2), D = k.size(3);
   if (B * S == 0 || H * D == 0) return;
-  TG_CHECK(4 * H * D <= UINT32_MAX, "fused_attention (biases): 4 x ", H, " x ", D, " columns exceed 32-bit indexing");
   TG_DISPATCH_FLOAT(k.dtype(), T, [&] {
     const BiasSums<T> value{colsum_ds.data<T>(), rowsum_pd.data<T>(), k.data<T>(), dout.data<T>(), dy.data<T>(),
                             S, H, D, k.strides()[0], k.strides()[1], k.strides()[2], static_cast<T>(scale)};

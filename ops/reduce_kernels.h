@@ -41,8 +41,9 @@ struct ColumnChunkSum {
   }
 };
 
-// The same over rows that come as B batches of S, value(b, s, c): chunks do
-// not straddle batches, so a row needs no division into (b, s).
+// The same over rows that come as B batches of S: chunks do not straddle
+// batches, and value.column(b, c) sets up column c of batch b once, so the
+// chunk's rows s are a plain loop over column(s).
 template <class T, class Value, class Out = T*>
 struct BatchChunkSum {
   Value value;
@@ -52,7 +53,7 @@ struct BatchChunkSum {
     const int64_t c = i % cols, chunk = i / cols, b = chunk / per_batch;
     const int64_t first = (chunk - b * per_batch) * kColumnChunk;
     const int64_t last = first + kColumnChunk < S ? first + kColumnChunk : S;
-    partial[i] = chunk_sum<T>(first, last, [&](int64_t s) { return value(b, s, c); });
+    partial[i] = chunk_sum<T>(first, last, value.column(b, c));
   }
 };
 
@@ -75,7 +76,7 @@ void column_sums_into(const Loop& loop, const Value& value, int64_t rows, int64_
   column_sums_into<T>(loop, ReadValue<T>{partial.data<T>(), cols}, chunks, cols, out, device);
 }
 
-// out[c] = sum over (b, s) of value(b, s, c), b < B, s < S.
+// out[c] = sum over (b, s) of value.column(b, c)(s), b < B, s < S.
 template <class T, class Loop, class Value, class Out>
 void batch_column_sums_into(const Loop& loop, const Value& value, int64_t B, int64_t S, int64_t cols, const Out& out,
                             Device device) {
