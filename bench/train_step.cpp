@@ -10,7 +10,8 @@
 // between two stream synchronisations; the median. Peak memory is the
 // allocator's high-water mark over one step, parameters and inputs included.
 //
-// Usage: train_step [--json FILE]
+// Usage: train_step [--json FILE] [--impl decomposed|fused] [--precision highest|high] [--size BxS] [--no-toy]
+// (the filters pick a configuration to profile, e.g. under ncu; default: all)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -121,18 +122,27 @@ void write_json(const std::string& path, const std::vector<Result>& results) {
 
 int main(int argc, char** argv) {
   CLI::App app{"One training step of the attention layer and of the toy model, decomposed vs fused"};
-  std::string json_path;
+  std::string json_path, only_impl, only_precision, only_size;
+  bool no_toy = false;
   app.add_option("--json", json_path, "write the results here");
+  app.add_option("--impl", only_impl, "only this implementation")->check(CLI::IsMember({"decomposed", "fused"}));
+  app.add_option("--precision", only_precision, "only this precision")->check(CLI::IsMember({"highest", "high"}));
+  app.add_option("--size", only_size, "only this layer size")->check(CLI::IsMember({"8x1024", "32x773", "64x128"}));
+  app.add_flag("--no-toy", no_toy, "skip the toy model's step");
   CLI11_PARSE(app, argc, argv);
+  const auto wanted = [](const std::string& only, const std::string& value) { return only.empty() || only == value; };
   if (!tgbench::cuda_present("train_step")) return 1;
   tg::manual_seed(0);
   const tg::RegionAttentionParams params = on_cuda(tg::RegionAttentionParams::init({1024, 16, 1024}));
   std::vector<Result> layer, toy;
   for (const tg::AttentionImpl impl : {tg::AttentionImpl::Decomposed, tg::AttentionImpl::Fused}) {
+    if (!wanted(only_impl, impl_name(impl))) continue;
     for (const std::string precision : {"highest", "high"})
       for (const Size size : {Size{8, 1024}, Size{32, 773}, Size{64, 128}})
-        layer.push_back(measure_layer(params, size, precision, impl));
-    for (const int64_t B : {64, 512}) toy.push_back(measure_toy(B, impl));
+        if (wanted(only_precision, precision) && wanted(only_size, std::to_string(size.B) + "x" + std::to_string(size.S)))
+          layer.push_back(measure_layer(params, size, precision, impl));
+    if (!no_toy)
+      for (const int64_t B : {64, 512}) toy.push_back(measure_toy(B, impl));
   }
   std::printf("one training step of the attention layer (hidden 1024, 16 heads, p = 0.1):\n");
   print(layer);

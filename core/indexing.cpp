@@ -1,5 +1,7 @@
 #include "core/indexing.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace tg {
@@ -17,6 +19,8 @@ StridedIndexer make_indexer(const char* op, const Shape& shape, const Shape& str
   }
   ix.narrow = numel(shape) < (int64_t(1) << 31) && max_offset < (int64_t(1) << 31);
   for (size_t d = 0; d < shape.size(); ++d) ix.narrow = ix.narrow && strides[d] >= 0;
+  if (ix.narrow)
+    for (size_t d = 0; d < shape.size(); ++d) ix.dividers[d] = Divider(static_cast<uint32_t>(std::max<int64_t>(shape[d], 1)));  // 0: no elements
   return ix;
 }
 

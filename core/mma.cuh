@@ -333,20 +333,25 @@ __device__ __forceinline__ void red_add2(float* p, float x, float y) {
   asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(x), "f"(y) : "memory");
 }
 
-// Adds f times a 16 x 8N accumulator tile to global rows with 8-byte atomics,
-// each lane its own pairs (c0, c1) and (c2, c3) as they stand: row(0) is where
-// fragment row g goes, row(1) row g + 8 (null: not added; 8-byte aligned rows).
-// A warp's instruction still covers whole 32-byte sectors (four lanes per
-// row), so the L2 sees as many sector updates as with 16-byte atomics, and
-// the lanes need no shuffles to pair rows first.
+// Adds (add) or stores f times a 16 x 8N accumulator tile to global rows,
+// each lane its own pairs (c0, c1) and (c2, c3) as they stand, 8 bytes at a
+// time: row(0) is where fragment row g goes, row(1) row g + 8 (null: not
+// written; 8-byte aligned rows). A warp's instruction still covers whole
+// 32-byte sectors (four lanes per row), so the L2 sees as many sector updates
+// as with 16-byte atomics, and the lanes need no shuffles to pair rows first.
 template <int N, class RowOf>
-__device__ __forceinline__ void red_add_tile(const float (&acc)[N][4], float f, const RowOf& row, int lane) {
+__device__ __forceinline__ void write_tile(const float (&acc)[N][4], float f, const RowOf& row, int lane, bool add) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float* dst = row(r);
     if (!dst) continue;
 #pragma unroll
-    for (int nt = 0; nt < N; ++nt) red_add2(dst + 8 * nt + 2 * (lane & 3), f * acc[nt][2 * r], f * acc[nt][2 * r + 1]);
+    for (int nt = 0; nt < N; ++nt) {
+      float* at = dst + 8 * nt + 2 * (lane & 3);
+      const float x = f * acc[nt][2 * r], y = f * acc[nt][2 * r + 1];
+      if (add) red_add2(at, x, y);
+      else *reinterpret_cast<float2*>(at) = make_float2(x, y);
+    }
   }
 }
 

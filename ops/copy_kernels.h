@@ -1,5 +1,9 @@
 // Copy and fill kernels, written once for both devices.
 #pragma once
+#include <algorithm>
+#include <utility>
+#include <vector>
+
 #include "core/dispatch.h"
 #include "core/indexing.h"
 #include "core/map_args.h"
@@ -19,7 +23,7 @@ template <class T>
 struct FillStrided {
   T* dst;
   StridedIndexer idx;
-  bool contiguous;  // index i is offset i: no index arithmetic
+  bool contiguous;  // index i is offset i (a dense tensor in any dim order): no index arithmetic
   T value;
   TG_HD void operator()(int64_t i) const { dst[contiguous ? i : idx.offset(i)] = value; }
 };
@@ -56,11 +60,19 @@ void CopyKernels<Dev>::copy_strided(const Tensor& dst, const Tensor& src) {
 template <Device Dev>
 void CopyKernels<Dev>::fill(const Tensor& dst, double value) {
   const Loop<Dev> loop{"fill_"};
-  Shape shape = dst.shape();
-  std::vector<Shape> strides = {dst.strides()};
-  collapse_dims(shape, strides);  // a contiguous tensor of any rank is one dim
+  // Any order of the elements will do: dims by decreasing stride, so that a
+  // permuted view collapses as far as its storage allows (a contiguous
+  // tensor of any rank, and a permuted one, become one dim).
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size)
+  for (int64_t d = 0; d < dst.dim(); ++d) dims.emplace_back(dst.strides()[d], dst.shape()[d]);
+  std::stable_sort(dims.begin(), dims.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  Shape shape;
+  std::vector<Shape> strides(1);
+  for (const auto& [stride, size] : dims) shape.push_back(size), strides[0].push_back(stride);
+  collapse_dims(shape, strides);
   TG_DISPATCH_FLOAT(dst.dtype(), T, [&] {
-    loop(dst.numel(), FillStrided<T>{dst.data<T>(), make_indexer(loop.op, shape, strides[0]), dst.is_contiguous(),
+    const bool dense = shape.empty() || (shape.size() == 1 && strides[0][0] == 1);
+    loop(dst.numel(), FillStrided<T>{dst.data<T>(), make_indexer(loop.op, shape, strides[0]), dense,
                                      static_cast<T>(value)});
   });
 }

@@ -127,6 +127,7 @@ void cpu_backward(const AttentionInputs& in, const AttentionGradTensors& g) {
   T *dE = data_or_null<T>(g.dE), *dw_in = data_or_null<T>(g.dw_in), *dw_x = data_or_null<T>(g.dw_x);
   T *colsum = data_or_null<T>(g.colsum_ds), *rowsum = data_or_null<T>(g.rowsum_pd);
   const T scale = static_cast<T>(in.scale), inf = std::numeric_limits<T>::infinity();
+  for (const Tensor* t : {&g.dk, &g.dv}) fill_into(*t, 0.0);  // written, not added to (the contract)
   cpu::parallel_for(d.H, [&](int64_t h) {  // heads write disjoint outputs
     for (int64_t b = 0; b < d.B; ++b)
       for (int64_t i = 0; i < d.S; ++i) {
@@ -194,6 +195,14 @@ constexpr int64_t kCudaHeadDim = 64;  // the head dim the CUDA kernels cover
 Tensor head_view(const Tensor& qkv, int64_t t, int64_t H) {
   const int64_t B = qkv.size(0), S = qkv.size(1), C3 = qkv.size(2), D = C3 / 3 / H;
   return make_view(qkv, {B, H, S, D}, {S * C3, D, C3, 1}, qkv.offset() + t * H * D);
+}
+
+// The gradient of qkv [B,S,3C] for the backward kernels: the q columns
+// zeroed (dq is added to), the k and v columns left for the kernels to write.
+Tensor qkv_gradient(int64_t B, int64_t S, int64_t C, const TensorOptions& opts) {
+  const Tensor dqkv = empty({B, S, 3 * C}, opts);
+  fill_into(rows_view(dqkv, 3 * C).narrow(1, 0, C), 0.0);
+  return dqkv;
 }
 
 AttentionInputs check_inputs(const Tensor& qkv, const Tensor& e, const Tensor& a, const Tensor& E, const Tensor& w_in,
@@ -271,7 +280,7 @@ Tensor fused_attention(const Tensor& qkv, const Tensor& edit_mask, const Tensor&
         gt.lse = s[4];
         gt.delta = empty({d.B, d.H, d.S}, opts);
         TG_DISPATCH_DEVICE(g, FusedAttentionKernels, row_dot, gt.dout, s[3], gt.delta, d);
-        const Tensor dqkv = zeros({d.B, d.S, 3 * d.H * d.D}, opts);
+        const Tensor dqkv = qkv_gradient(d.B, d.S, d.H * d.D, opts);
         gt.dq = head_view(dqkv, 0, d.H);
         gt.dk = head_view(dqkv, 1, d.H);
         gt.dv = head_view(dqkv, 2, d.H);
@@ -391,7 +400,7 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
   g.delta = empty({L.B, L.H, L.S}, opts);
   TG_DISPATCH_DEVICE(x, FusedAttentionKernels, row_dot, dout, in.attention_output, g.delta, core.d);
   g.probs = in.attention_probs, g.probs_dropped = in.attention_probs_dropped;
-  const Tensor dqkv = zeros({L.B, L.S, 3 * L.C}, opts);
+  const Tensor dqkv = qkv_gradient(L.B, L.S, L.C, opts);
   g.dq = head_view(dqkv, 0, L.H), g.dk = head_view(dqkv, 1, L.H), g.dv = head_view(dqkv, 2, L.H);
   g.dE = out.edit_region_bias, g.dw_in = out.within_edit_bias.view({L.H}), g.dw_x = out.cross_edit_bias.view({L.H});
   for (const Tensor* t : {&g.dE, &g.dw_in, &g.dw_x}) fill_into(*t, 0.0);

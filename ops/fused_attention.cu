@@ -16,6 +16,7 @@
 #include "core/mma.cuh"
 #include "ops/fused_attention_kernels.h"
 #include "ops/matmul_kernels.h"
+#include "ops/untracked.h"
 
 namespace tg::cuda {
 
@@ -389,7 +390,7 @@ struct BackwardArgs {
   double* row_sums;               // [4,B,H,S] with kRowSums: A, B, m, n of each query row
   HalfOperands half;              // with the Fp16 policy
   ScoreArgs sc;
-  int splits;
+  int splits;  // CTAs per key tile, each walking every splits-th query tile; 1: dK and dV are stored, not added
 };
 
 // The factors between the kernel's scaled products and the true values (all
@@ -661,10 +662,10 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
         mma::scaled_float_product<kBwdKeys / 8, 8>(dq, dSs, kStride, warp_rows, factor.ds, Ks, kTs, lane);
       else
         mma::tile_product<Mma, kBwdKeys / 8, 8, false>(dq, dSs, kStride, warp_rows, KTs, kStride, 0, lane);
-      mma::red_add_tile(dq, factor.dq, [&](int r) {
+      mma::write_tile(dq, factor.dq, [&](int r) {
         const int64_t i = q0 + 16 * warp + g + 8 * r;
         return i < sc.S ? p.dq.row(b, h, i) : nullptr;
-      }, lane);
+      }, lane, true);
     }
 
     // dE[h, i, j] += dS: the batch sum, four keys per atomic. A thread keeps
@@ -694,16 +695,17 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
     }
   }
 
-  // The keys' gradients: dK (times scale) and dV, this split's share; the
-  // column sums are reduced over the quad first (every lane takes part).
+  // The keys' gradients: dK (times scale) and dV, stored when this CTA walked
+  // every query tile, else this split's share added; the column sums are
+  // reduced over the quad first (every lane takes part).
   const auto key_row = [&](const HeadRows<float>* x) {
     return [&, x](int r) {
       const int64_t j = k0 + (r ? jl[1] : jl[0]);  // not jl[r]: indexed by a variable, jl could go to local memory
       return j < sc.S ? x->row(b, h, j) : nullptr;
     };
   };
-  mma::red_add_tile(dK, factor.dk, key_row(&p.dk), lane);
-  mma::red_add_tile(dV, factor.dv, key_row(&p.dv), lane);
+  mma::write_tile(dK, factor.dk, key_row(&p.dk), lane, p.splits > 1);
+  mma::write_tile(dV, factor.dv, key_row(&p.dv), lane, p.splits > 1);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     colsum[r] += __shfl_xor_sync(0xffffffffu, colsum[r], 1);
@@ -815,6 +817,8 @@ void launch_backward(const AttentionInputs& in, const AttentionGradTensors& g) {
   // Enough CTAs for two waves: split the query tiles when the keys alone give too few.
   const int64_t ctas = key_tiles * d.B * d.H, want = 2 * Layout::kCtasPerSm * int64_t(context().sm_count);
   const int splits = static_cast<int>(std::clamp<int64_t>((want + ctas - 1) / ctas, 1, query_tiles));
+  if (splits > 1)  // the splits add their shares of dK and dV
+    for (const Tensor* t : {&g.dk, &g.dv}) fill_into(*t, 0.0);
   // The edit-bias scalar sums (dw_in, dw_x wanted): the kernel's fp64 sums, or with kRowSums its row sums.
   constexpr bool row_sums = kRead && Mma::kHighest;
   const bool sums = g.dw_in.defined();

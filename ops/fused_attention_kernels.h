@@ -32,10 +32,11 @@ struct AttentionInputs {
 // The backward's extra inputs and its outputs. P comes from the log-sum-exp
 // (training: recomputed, the dropout mask regenerated) or, when probs is
 // defined, is read from probs and probs_dropped [B,H,S,S] (the benchmark
-// interface). Outputs are zeroed by the caller and accumulated atomically:
-// dq, dk, dv [B,H,S,D] views (unit d stride); when defined (wanted), dE [H,M,M],
-// dw_in and dw_x [H], the per-key column sums of dS and the per-query row sums
-// of Pd [B,H,S] (for the careful bias gradient of the benchmark).
+// interface). Outputs: dk and dv are written, dq is added to ([B,H,S,D]
+// views with a unit d stride); the caller zeroes dq and the rest, which are
+// accumulated atomically: when defined (wanted), dE [H,M,M], dw_in and dw_x
+// [H], the per-key column sums of dS and the per-query row sums of Pd [B,H,S]
+// (for the careful bias gradient of the benchmark).
 struct AttentionGradTensors {
   Tensor dout;                  // dL/do [B,S,C], contiguous
   Tensor lse, delta;            // [B,H,S]

@@ -170,6 +170,14 @@ TEST_CASE("cuda/copy, cast and device moves" * doctest::skip(kNoGpu)) {
   tg::Tensor host = tg::zeros({5, 7}).transpose(0, 1);
   host.copy_(g.transpose(0, 1));    // device -> strided host view
   CHECK(max_abs_diff(host, x.transpose(0, 1)) == 0.0);
+  // Rank 4, odd sizes: every dim's index comes from the indexer's dividers.
+  const tg::Tensor x4 = tg::randn({3, 5, 7, 11});
+  const std::vector<int64_t> order = {2, 0, 3, 1};
+  CHECK(max_abs_diff(x4.cuda().permute(order).contiguous().cpu(), x4.permute(order).contiguous()) == 0.0);
+  tg::Tensor filled = x4.cuda(), expected = x4.clone();  // a strided fill: the middle of dims 1 and 3
+  filled.narrow(1, 1, 3).narrow(3, 2, 6).fill_(-2.0);
+  expected.narrow(1, 1, 3).narrow(3, 2, 6).fill_(-2.0);
+  CHECK(max_abs_diff(filled.cpu(), expected) == 0.0);
   expect_parity([](const V& t) { return t[0].to(tg::DType::Float64); }, {randn32({9})}, kElementwise);
   // Gradients flow back across a device move.
   tg::Tensor leaf = tg::randn({3}).requires_grad_();

@@ -1,6 +1,8 @@
 // Tensors: factories, views without copies, contiguous, casts, printing, RNG.
+#include <random>
 #include <sstream>
 
+#include "core/indexing.h"
 #include "helpers.h"
 
 using namespace tgtest;
@@ -18,6 +20,27 @@ TEST_CASE("tensor/factories") {
   CHECK(t.device() == tg::Device::CPU);
   CHECK(tg::scalar_tensor(3.0).dim() == 0);
   CHECK(tg::scalar_tensor(3.0).item() == 3.0);
+}
+
+TEST_CASE("tensor/strided indexing divides by multiply-high, as integer division does") {
+  std::vector<uint32_t> divisors = {1, 2, 3, 5, 7, 63, 64, 65, 1000, 1023, 1024, 1025, 3072, 65535, 65537,
+                                    (1u << 30) - 1, 1u << 30, (1u << 30) + 1, (1u << 31) - 1};
+  std::mt19937 gen(7);
+  for (int i = 0; i < 200; ++i) divisors.push_back(1 + gen() % ((1u << 31) - 1));
+  for (const uint32_t d : divisors) {
+    const tg::Divider div(d);
+    std::vector<uint32_t> dividends = {0, 1, d - 1, d, (1u << 31) - 1, (1u << 31) - 1 - ((1u << 31) - 1) % d};
+    if (d < (1u << 30)) dividends.insert(dividends.end(), {d + 1, 2 * d - 1, 2 * d});
+    for (int k = 0; k < 50; ++k) dividends.push_back(gen() % (1u << 31));
+    for (const uint32_t n : dividends) REQUIRE_MESSAGE(div.quotient(n) == n / d, n, " / ", d);
+  }
+  // Offsets through the dividers match the 64-bit arithmetic (a permuted view, odd sizes).
+  const tg::Shape shape = {3, 5, 7, 11}, strides = {1, 3, 165, 15};
+  const tg::StridedIndexer narrow = tg::make_indexer("test", shape, strides);
+  tg::StridedIndexer wide = narrow;
+  wide.narrow = false;
+  REQUIRE(narrow.narrow);
+  for (int64_t i = 0; i < tg::numel(shape); ++i) REQUIRE(narrow.offset(i) == wide.offset(i));
 }
 
 TEST_CASE("tensor/views share storage and copy nothing") {
