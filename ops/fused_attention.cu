@@ -16,7 +16,6 @@
 #include "core/mma.cuh"
 #include "ops/fused_attention_kernels.h"
 #include "ops/matmul_kernels.h"
-#include "ops/untracked.h"
 
 namespace tg::cuda {
 
@@ -809,16 +808,32 @@ HalfOperands half_operands(const AttentionInputs& in, const AttentionGradTensors
           std::ldexp(1.f, -e_keep)};
 }
 
+// The backward's policy: fp16 tiles for the benchmark interface at "high"
+// (P read), TF32 for training at "high", 3xTF32 at "highest"; f(policy, kRead).
+template <class F>
+void with_backward_policy(MatmulPrecision precision, bool read, F&& f) {
+  const bool high = precision == MatmulPrecision::High;
+  if (high && read) f(Fp16{}, std::true_type{});
+  else if (high) f(Tf32{}, std::false_type{});
+  else if (read) f(Tf32x3{}, std::true_type{});
+  else f(Tf32x3{}, std::false_type{});
+}
+
+// CTAs per key tile, each walking every splits-th query tile: enough CTAs for
+// two waves, splitting the query tiles when the keys alone give too few.
+template <class Mma>
+int backward_splits(const AttentionDims& d) {
+  const int64_t key_tiles = (d.S + kBwdKeys - 1) / kBwdKeys, query_tiles = (d.S + kBwdRows - 1) / kBwdRows;
+  const int64_t ctas = key_tiles * d.B * d.H, want = 2 * BackwardLayout<Mma>::kCtasPerSm * int64_t(context().sm_count);
+  return static_cast<int>(std::clamp<int64_t>((want + ctas - 1) / ctas, 1, query_tiles));
+}
+
 template <class Mma, bool kRead>
 void launch_backward(const AttentionInputs& in, const AttentionGradTensors& g) {
   using Layout = BackwardLayout<Mma>;
   const AttentionDims d = in.d;
-  const int64_t key_tiles = (d.S + kBwdKeys - 1) / kBwdKeys, query_tiles = (d.S + kBwdRows - 1) / kBwdRows;
-  // Enough CTAs for two waves: split the query tiles when the keys alone give too few.
-  const int64_t ctas = key_tiles * d.B * d.H, want = 2 * Layout::kCtasPerSm * int64_t(context().sm_count);
-  const int splits = static_cast<int>(std::clamp<int64_t>((want + ctas - 1) / ctas, 1, query_tiles));
-  if (splits > 1)  // the splits add their shares of dK and dV
-    for (const Tensor* t : {&g.dk, &g.dv}) fill_into(*t, 0.0);
+  const int64_t key_tiles = (d.S + kBwdKeys - 1) / kBwdKeys;
+  const int splits = backward_splits<Mma>(d);
   // The edit-bias scalar sums (dw_in, dw_x wanted): the kernel's fp64 sums, or with kRowSums its row sums.
   constexpr bool row_sums = kRead && Mma::kHighest;
   const bool sums = g.dw_in.defined();
@@ -887,11 +902,18 @@ void FusedAttentionKernels<Device::CUDA>::backward(const AttentionInputs& in, co
   check_aligned("dout", g.dout, 16);
   TG_CHECK(!g.probs.defined() || (g.colsum_ds.defined() && g.rowsum_pd.defined()),
            "fused_attention_backward: reading P needs the column and row sum outputs");
-  const bool high = precision == MatmulPrecision::High, read = g.probs.defined();
-  if (high && read) launch_backward<Fp16, true>(in, g);
-  else if (high) launch_backward<Tf32, false>(in, g);
-  else if (read) launch_backward<Tf32x3, true>(in, g);
-  else launch_backward<Tf32x3, false>(in, g);
+  with_backward_policy(precision, g.probs.defined(), [&](auto mma, auto read) {
+    launch_backward<decltype(mma), decltype(read)::value>(in, g);
+  });
+}
+
+template <>
+bool FusedAttentionKernels<Device::CUDA>::writes_key_gradients(const AttentionDims& d, MatmulPrecision precision,
+                                                               bool read) {
+  using namespace cuda;
+  bool one_split = false;
+  with_backward_policy(precision, read, [&](auto mma, auto) { one_split = backward_splits<decltype(mma)>(d) == 1; });
+  return one_split;
 }
 
 }  // namespace tg

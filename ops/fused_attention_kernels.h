@@ -32,11 +32,11 @@ struct AttentionInputs {
 // The backward's extra inputs and its outputs. P comes from the log-sum-exp
 // (training: recomputed, the dropout mask regenerated) or, when probs is
 // defined, is read from probs and probs_dropped [B,H,S,S] (the benchmark
-// interface). Outputs: dk and dv are written, dq is added to ([B,H,S,D]
-// views with a unit d stride); the caller zeroes dq and the rest, which are
-// accumulated atomically: when defined (wanted), dE [H,M,M], dw_in and dw_x
-// [H], the per-key column sums of dS and the per-query row sums of Pd [B,H,S]
-// (for the careful bias gradient of the benchmark).
+// interface). Outputs, zeroed by the caller and accumulated atomically: dq,
+// and dk and dv unless writes_key_gradients ([B,H,S,D] views with a unit d
+// stride); when defined (wanted), dE [H,M,M], dw_in and dw_x [H], the
+// per-key column sums of dS and the per-query row sums of Pd [B,H,S] (for
+// the careful bias gradient of the benchmark).
 struct AttentionGradTensors {
   Tensor dout;                  // dL/do [B,S,C], contiguous
   Tensor lse, delta;            // [B,H,S]
@@ -59,6 +59,10 @@ struct FusedAttentionKernels {
   // delta[b,h,i] = sum_d dout[b,i,h*D+d] o[b,i,h*D+d].
   static void row_dot(const Tensor& dout, const Tensor& o, const Tensor& delta, AttentionDims d);
   static void backward(const AttentionInputs& in, const AttentionGradTensors& g, MatmulPrecision precision);
+  // Whether backward writes dk and dv rather than adding to them (on CUDA,
+  // when one CTA per key tile walks every query tile), so that the caller
+  // zeroes only dq. read: probs given (the benchmark interface).
+  static bool writes_key_gradients(const AttentionDims& d, MatmulPrecision precision, bool read);
 };
 
 // The benchmark interface's bias gradients, all column sums over the B*S
