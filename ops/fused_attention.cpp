@@ -115,6 +115,14 @@ void cpu_row_dot(const Tensor& dout, const Tensor& o, const Tensor& delta, Atten
   });
 }
 
+// Zeroes what the backward adds to in dE [H,M,M], or does not write: all of
+// it, or for B = 1 (the [S,S] corner written) the rest.
+void zero_edit_bias_gradient(const Tensor& dE, const AttentionDims& d) {
+  if (d.B != 1) return fill_into(dE, 0.0);
+  fill_into(dE.narrow(1, 0, d.S).narrow(2, d.S, d.M - d.S), 0.0);
+  fill_into(dE.narrow(1, d.S, d.M - d.S), 0.0);
+}
+
 template <class T>
 void cpu_backward(const AttentionInputs& in, const AttentionGradTensors& g) {
   const AttentionDims d = in.d;
@@ -127,6 +135,7 @@ void cpu_backward(const AttentionInputs& in, const AttentionGradTensors& g) {
   T *dE = data_or_null<T>(g.dE), *dw_in = data_or_null<T>(g.dw_in), *dw_x = data_or_null<T>(g.dw_x);
   T *colsum = data_or_null<T>(g.colsum_ds), *rowsum = data_or_null<T>(g.rowsum_pd);
   const T scale = static_cast<T>(in.scale), inf = std::numeric_limits<T>::infinity();
+  if (dE && d.B == 1) fill_into(g.dE.narrow(1, 0, d.S).narrow(2, 0, d.S), 0.0);  // the corner is written, as on CUDA
   cpu::parallel_for(d.H, [&](int64_t h) {  // heads write disjoint outputs
     for (int64_t b = 0; b < d.B; ++b)
       for (int64_t i = 0; i < d.S; ++i) {
@@ -292,7 +301,10 @@ Tensor fused_attention(const Tensor& qkv, const Tensor& edit_mask, const Tensor&
         gt.dq = head_view(dqkv, 0, d.H);
         gt.dk = head_view(dqkv, 1, d.H);
         gt.dv = head_view(dqkv, 2, d.H);
-        if (needs[1]) gt.dE = zeros({d.H, d.M, d.M}, opts);
+        if (needs[1]) {
+          gt.dE = empty({d.H, d.M, d.M}, opts);
+          zero_edit_bias_gradient(gt.dE, d);
+        }
         if (needs[2] || needs[3]) gt.dw_in = zeros({d.H}, opts), gt.dw_x = zeros({d.H}, opts);
         TG_DISPATCH_DEVICE(g, FusedAttentionKernels, backward, in, gt, precision);
         return std::vector<Tensor>{autograd::keep_if(needs[0], dqkv), gt.dE,
@@ -411,7 +423,8 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
   const Tensor dqkv = qkv_gradient(x, core.d, precision, true);
   g.dq = head_view(dqkv, 0, L.H), g.dk = head_view(dqkv, 1, L.H), g.dv = head_view(dqkv, 2, L.H);
   g.dE = out.edit_region_bias, g.dw_in = out.within_edit_bias.view({L.H}), g.dw_x = out.cross_edit_bias.view({L.H});
-  for (const Tensor* t : {&g.dE, &g.dw_in, &g.dw_x}) fill_into(*t, 0.0);
+  zero_edit_bias_gradient(g.dE, core.d);
+  for (const Tensor* t : {&g.dw_in, &g.dw_x}) fill_into(*t, 0.0);
   const Tensor sums = zeros({2, L.B, L.H, L.S}, opts);  // one fill for both
   g.colsum_ds = sums.narrow(0, 0, 1).squeeze(0), g.rowsum_pd = sums.narrow(0, 1, 1).squeeze(0);
   TG_DISPATCH_DEVICE(x, FusedAttentionKernels, backward, core, g, precision);

@@ -667,9 +667,11 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
       }, lane, true);
     }
 
-    // dE[h, i, j] += dS: the batch sum, four keys per atomic. A thread keeps
-    // one quad of keys and walks every kRowStep-th query row.
+    // dE[h, i, j] += dS: the batch sum, four keys per atomic (stored when
+    // B = 1: then this CTA is the only one at (h, i, j)). A thread keeps one
+    // quad of keys and walks every kRowStep-th query row.
     if (p.dE) {
+      const bool add = sc.B > 1;
       constexpr int kQuads = kBwdKeys / 4, kRowStep = kBwdThreads / kQuads;
       const int c = 4 * (threadIdx.x % kQuads), r0 = threadIdx.x / kQuads;
       const int inside = static_cast<int>(std::min<int64_t>(sc.S - k0 - c, 4));  // of the quad's 4 keys
@@ -681,11 +683,18 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
         for (int k = 0; k < kBwdRows / kRowStep; ++k)
           if (r0 + k * kRowStep < rows) {
             const float4 v = *reinterpret_cast<const float4*>(from + k * kRowStep * kStride);
-            mma::red_add4(to + k * kRowStep * sc.M, v.x, v.y, v.z, v.w);
+            float* at = to + k * kRowStep * sc.M;
+            if (add) mma::red_add4(at, v.x, v.y, v.z, v.w);
+            else *reinterpret_cast<float4*>(at) = v;
           }
       } else {  // the quad that straddles S (or an unaligned dE)
         for (int r = 0; r0 + r < rows; r += kRowStep)
-          for (int x = 0; x < inside; ++x) atomicAdd(to + r * sc.M + x, from[r * kStride + x]);
+          for (int x = 0; x < inside; ++x) {
+            float* at = to + r * sc.M + x;
+            const float v = from[r * kStride + x];
+            if (add) atomicAdd(at, v);
+            else *at = v;
+          }
       }
     }
     if (kRowSums && threadIdx.x < kBwdRows && q0 + threadIdx.x < sc.S) {
