@@ -127,7 +127,11 @@ int main(int argc, char** argv) {
   app.add_option("--json", json_path, "write the results here");
   app.add_option("--impl", only_impl, "only this implementation")->check(CLI::IsMember({"decomposed", "fused"}));
   app.add_option("--precision", only_precision, "only this precision")->check(CLI::IsMember({"highest", "high"}));
-  app.add_option("--size", only_size, "only this layer size")->check(CLI::IsMember({"8x1024", "32x773", "64x128"}));
+  const std::vector<Size> sizes = {{8, 1024}, {32, 773}, {64, 128}};
+  const auto size_name = [](Size s) { return std::to_string(s.B) + "x" + std::to_string(s.S); };
+  std::vector<std::string> size_names;
+  for (const Size s : sizes) size_names.push_back(size_name(s));
+  app.add_option("--size", only_size, "only this layer size (BxS)")->check(CLI::IsMember(size_names));
   app.add_flag("--no-toy", no_toy, "skip the toy model's step");
   CLI11_PARSE(app, argc, argv);
   const auto wanted = [](const std::string& only, const std::string& value) { return only.empty() || only == value; };
@@ -138,8 +142,8 @@ int main(int argc, char** argv) {
   for (const tg::AttentionImpl impl : {tg::AttentionImpl::Decomposed, tg::AttentionImpl::Fused}) {
     if (!wanted(only_impl, impl_name(impl))) continue;
     for (const std::string precision : {"highest", "high"})
-      for (const Size size : {Size{8, 1024}, Size{32, 773}, Size{64, 128}})
-        if (wanted(only_precision, precision) && wanted(only_size, std::to_string(size.B) + "x" + std::to_string(size.S)))
+      for (const Size size : sizes)
+        if (wanted(only_precision, precision) && wanted(only_size, size_name(size)))
           layer.push_back(measure_layer(params, size, precision, impl));
     if (!no_toy)
       for (const int64_t B : {64, 512}) toy.push_back(measure_toy(B, impl));

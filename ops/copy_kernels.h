@@ -25,9 +25,9 @@ template <class T>
 struct FillStrided {
   T* dst;
   StridedIndexer idx;
-  bool contiguous;  // index i is offset i (a dense tensor in any dim order): no index arithmetic
+  bool dense;  // index i is offset i (a dense tensor in any dim order): no index arithmetic
   T value;
-  TG_HD void operator()(int64_t i) const { dst[contiguous ? i : idx.offset(i)] = value; }
+  TG_HD void operator()(int64_t i) const { dst[dense ? i : idx.offset(i)] = value; }
 };
 
 template <class T>
@@ -64,18 +64,20 @@ void CopyKernels<Dev>::fill(const Tensor& dst, double value) {
   const Loop<Dev> loop{"fill_"};
   // Any order of the elements will do: dims by decreasing stride, so that a
   // permuted view collapses as far as its storage allows (a contiguous
-  // tensor of any rank, and a permuted one, become one dim).
+  // tensor of any rank, and a permuted one, become one dim); a stride-0 dim
+  // (an expanded view) is one element written once.
   std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size)
-  for (int64_t d = 0; d < dst.dim(); ++d) dims.emplace_back(dst.strides()[d], dst.shape()[d]);
+  for (int64_t d = 0; d < dst.dim(); ++d)
+    dims.emplace_back(dst.strides()[d], dst.strides()[d] == 0 ? std::min<int64_t>(dst.shape()[d], 1) : dst.shape()[d]);
   std::stable_sort(dims.begin(), dims.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   Shape shape;
   std::vector<Shape> strides(1);
   for (const auto& [stride, size] : dims) shape.push_back(size), strides[0].push_back(stride);
   collapse_dims(shape, strides);
   Shape& st = strides[0];
-  // Rows of whole quads (unit inner stride, sizes and outer strides multiples
-  // of 4, 16-byte aligned) are filled a Quad at a time: a quarter of the
-  // index arithmetic and 16-byte stores.
+  // Rows of whole quads (unit inner stride, inner size and outer strides
+  // multiples of 4, 16-byte aligned) are filled a Quad (4 elements, 16-byte
+  // aligned) at a time: a quarter of the index arithmetic, vector stores.
   bool quads = !shape.empty() && st.back() == 1 && shape.back() % 4 == 0 && aligned16(dst.raw_data());
   for (size_t d = 0; quads && d + 1 < shape.size(); ++d) quads = st[d] % 4 == 0;
   if (quads) {

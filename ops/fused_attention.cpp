@@ -135,6 +135,7 @@ void cpu_backward(const AttentionInputs& in, const AttentionGradTensors& g) {
   T *dE = data_or_null<T>(g.dE), *dw_in = data_or_null<T>(g.dw_in), *dw_x = data_or_null<T>(g.dw_x);
   T *colsum = data_or_null<T>(g.colsum_ds), *rowsum = data_or_null<T>(g.rowsum_pd);
   const T scale = static_cast<T>(in.scale), inf = std::numeric_limits<T>::infinity();
+  TG_CHECK(g.keys_zeroed, "fused_attention_backward (CPU): dk and dv must be zeroed (this backward adds to them)");
   if (dE && d.B == 1) fill_into(g.dE.narrow(1, 0, d.S).narrow(2, 0, d.S), 0.0);  // the corner is written, as on CUDA
   cpu::parallel_for(d.H, [&](int64_t h) {  // heads write disjoint outputs
     for (int64_t b = 0; b < d.B; ++b)
@@ -210,15 +211,17 @@ Tensor head_view(const Tensor& qkv, int64_t t, int64_t H) {
   return make_view(qkv, {B, H, S, D}, {S * C3, D, C3, 1}, qkv.offset() + t * H * D);
 }
 
-// The gradient of qkv [B,S,3C] for the backward kernels: zeroed where they
-// add to it, the q columns, or all when they do not write dk and dv.
-Tensor qkv_gradient(const Tensor& like, const AttentionDims& d, MatmulPrecision precision, bool read) {
+// The gradient of qkv [B,S,3C] for the backward kernels, as g's dq, dk, dv:
+// zeroed where they add to it, the q columns, or all when they do not write
+// dk and dv.
+Tensor qkv_gradient(const Tensor& like, const AttentionDims& d, MatmulPrecision precision, bool read,
+                    AttentionGradTensors& g) {
   const int64_t C = d.H * d.D;
   const TensorOptions opts{like.dtype(), like.device()};
-  if (!TG_DISPATCH_DEVICE(like, FusedAttentionKernels, writes_key_gradients, d, precision, read))
-    return zeros({d.B, d.S, 3 * C}, opts);
-  const Tensor dqkv = empty({d.B, d.S, 3 * C}, opts);
-  fill_into(rows_view(dqkv, 3 * C).narrow(1, 0, C), 0.0);
+  g.keys_zeroed = !TG_DISPATCH_DEVICE(like, FusedAttentionKernels, writes_key_gradients, d, precision, read);
+  const Tensor dqkv = g.keys_zeroed ? zeros({d.B, d.S, 3 * C}, opts) : empty({d.B, d.S, 3 * C}, opts);
+  if (!g.keys_zeroed) fill_into(rows_view(dqkv, 3 * C).narrow(1, 0, C), 0.0);
+  g.dq = head_view(dqkv, 0, d.H), g.dk = head_view(dqkv, 1, d.H), g.dv = head_view(dqkv, 2, d.H);
   return dqkv;
 }
 
@@ -297,10 +300,7 @@ Tensor fused_attention(const Tensor& qkv, const Tensor& edit_mask, const Tensor&
         gt.lse = s[4];
         gt.delta = empty({d.B, d.H, d.S}, opts);
         TG_DISPATCH_DEVICE(g, FusedAttentionKernels, row_dot, gt.dout, s[3], gt.delta, d);
-        const Tensor dqkv = qkv_gradient(g, d, precision, false);
-        gt.dq = head_view(dqkv, 0, d.H);
-        gt.dk = head_view(dqkv, 1, d.H);
-        gt.dv = head_view(dqkv, 2, d.H);
+        const Tensor dqkv = qkv_gradient(g, d, precision, false, gt);
         if (needs[1]) {
           gt.dE = empty({d.H, d.M, d.M}, opts);
           zero_edit_bias_gradient(gt.dE, d);
@@ -420,8 +420,7 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
   g.delta = empty({L.B, L.H, L.S}, opts);
   TG_DISPATCH_DEVICE(x, FusedAttentionKernels, row_dot, dout, in.attention_output, g.delta, core.d);
   g.probs = in.attention_probs, g.probs_dropped = in.attention_probs_dropped;
-  const Tensor dqkv = qkv_gradient(x, core.d, precision, true);
-  g.dq = head_view(dqkv, 0, L.H), g.dk = head_view(dqkv, 1, L.H), g.dv = head_view(dqkv, 2, L.H);
+  const Tensor dqkv = qkv_gradient(x, core.d, precision, true, g);
   g.dE = out.edit_region_bias, g.dw_in = out.within_edit_bias.view({L.H}), g.dw_x = out.cross_edit_bias.view({L.H});
   zero_edit_bias_gradient(g.dE, core.d);
   for (const Tensor* t : {&g.dw_in, &g.dw_x}) fill_into(*t, 0.0);

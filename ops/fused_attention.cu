@@ -828,21 +828,28 @@ void with_backward_policy(MatmulPrecision precision, bool read, F&& f) {
   else f(Tf32x3{}, std::false_type{});
 }
 
-// CTAs per key tile, each walking every splits-th query tile: enough CTAs for
-// two waves, splitting the query tiles when the keys alone give too few.
+// The backward's grid: key tiles, and CTAs per key tile (splits), each
+// walking every splits-th query tile: enough CTAs for two waves, splitting
+// the query tiles when the keys alone give too few (d not empty).
+struct BackwardGrid {
+  int64_t key_tiles;
+  int splits;
+};
+
 template <class Mma>
-int backward_splits(const AttentionDims& d) {
+BackwardGrid backward_grid(const AttentionDims& d) {
   const int64_t key_tiles = (d.S + kBwdKeys - 1) / kBwdKeys, query_tiles = (d.S + kBwdRows - 1) / kBwdRows;
   const int64_t ctas = key_tiles * d.B * d.H, want = 2 * BackwardLayout<Mma>::kCtasPerSm * int64_t(context().sm_count);
-  return static_cast<int>(std::clamp<int64_t>((want + ctas - 1) / ctas, 1, query_tiles));
+  return {key_tiles, static_cast<int>(std::clamp<int64_t>((want + ctas - 1) / ctas, 1, query_tiles))};
 }
 
 template <class Mma, bool kRead>
 void launch_backward(const AttentionInputs& in, const AttentionGradTensors& g) {
   using Layout = BackwardLayout<Mma>;
   const AttentionDims d = in.d;
-  const int64_t key_tiles = (d.S + kBwdKeys - 1) / kBwdKeys;
-  const int splits = backward_splits<Mma>(d);
+  const auto [key_tiles, splits] = backward_grid<Mma>(d);
+  TG_CHECK(g.keys_zeroed || splits == 1, "fused_attention_backward: dk and dv are not zeroed, but ", splits,
+           " CTAs per key tile would add to them (writes_key_gradients said they are written)");
   // The edit-bias scalar sums (dw_in, dw_x wanted): the kernel's fp64 sums, or with kRowSums its row sums.
   constexpr bool row_sums = kRead && Mma::kHighest;
   const bool sums = g.dw_in.defined();
@@ -920,8 +927,9 @@ template <>
 bool FusedAttentionKernels<Device::CUDA>::writes_key_gradients(const AttentionDims& d, MatmulPrecision precision,
                                                                bool read) {
   using namespace cuda;
+  if (d.B * d.H * d.S == 0) return false;  // no kernel runs
   bool one_split = false;
-  with_backward_policy(precision, read, [&](auto mma, auto) { one_split = backward_splits<decltype(mma)>(d) == 1; });
+  with_backward_policy(precision, read, [&](auto mma, auto) { one_split = backward_grid<decltype(mma)>(d).splits == 1; });
   return one_split;
 }
 

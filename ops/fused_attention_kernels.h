@@ -43,6 +43,7 @@ struct AttentionGradTensors {
   Tensor lse, delta;            // [B,H,S]
   Tensor probs, probs_dropped;  // optional [B,H,S,S]
   Tensor dq, dk, dv, dE, dw_in, dw_x;
+  bool keys_zeroed = true;      // false: dk and dv left unzeroed, as writes_key_gradients allowed
   Tensor colsum_ds, rowsum_pd;  // optional
 };
 

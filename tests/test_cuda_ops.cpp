@@ -174,10 +174,23 @@ TEST_CASE("cuda/copy, cast and device moves" * doctest::skip(kNoGpu)) {
   const tg::Tensor x4 = tg::randn({3, 5, 7, 11});
   const std::vector<int64_t> order = {2, 0, 3, 1};
   CHECK(max_abs_diff(x4.cuda().permute(order).contiguous().cpu(), x4.permute(order).contiguous()) == 0.0);
-  tg::Tensor filled = x4.cuda(), expected = x4.clone();  // a strided fill: the middle of dims 1 and 3
-  filled.narrow(1, 1, 3).narrow(3, 2, 6).fill_(-2.0);
-  expected.narrow(1, 1, 3).narrow(3, 2, 6).fill_(-2.0);
-  CHECK(max_abs_diff(filled.cpu(), expected) == 0.0);
+  // Strided fills of the middle of dims 1 and 3, checked element by element:
+  // rows of whole quads (start 4, 16-byte aligned: vector stores) and a view
+  // that is not 16-byte aligned (start 1, the scalar walk), float32 and float64.
+  for (const tg::DType dtype : {tg::DType::Float32, tg::DType::Float64}) {
+    for (const int64_t start : {4, 1}) {
+      CAPTURE(start);
+      const tg::Tensor base = tg::randn({3, 5, 7, 12}).to(dtype);
+      tg::Tensor filled = base.cuda();
+      filled.narrow(1, 1, 3).narrow(3, start, 8).fill_(-2.0);
+      const std::vector<double> got = filled.cpu().to_vector(), before = base.to_vector();
+      for (size_t k = 0; k < got.size(); ++k) {
+        const int64_t i1 = (k / (7 * 12)) % 5, i3 = k % 12;
+        const bool inside = i1 >= 1 && i1 < 4 && i3 >= start && i3 < start + 8;
+        REQUIRE(got[k] == (inside ? -2.0 : before[k]));
+      }
+    }
+  }
   expect_parity([](const V& t) { return t[0].to(tg::DType::Float64); }, {randn32({9})}, kElementwise);
   // Gradients flow back across a device move.
   tg::Tensor leaf = tg::randn({3}).requires_grad_();
