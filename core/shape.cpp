@@ -78,6 +78,7 @@ ElementSpan element_span(const Shape& shape, const Shape& strides, int64_t offse
 }
 
 bool has_internal_overlap(const Shape& shape, const Shape& strides) {
+  if (numel(shape) == 0) return false;  // no elements, none shared
   for (size_t d = 0; d < shape.size(); ++d)
     if (shape[d] > 1 && strides[d] == 0) return true;
   return false;

@@ -35,7 +35,8 @@ struct ElementSpan {
 ElementSpan element_span(const Shape& shape, const Shape& strides, int64_t offset);
 
 // Several elements of the view share one memory location (a stride-0 dim of
-// size > 1, as expand() makes): writing through it is ambiguous.
+// size > 1, as expand() makes, in a view with elements): writing through it
+// is ambiguous.
 bool has_internal_overlap(const Shape& shape, const Shape& strides);
 
 }  // namespace tg

@@ -77,4 +77,34 @@ inline std::string temp_path(const std::string& name) {
 
 inline bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
+// The fused attention layer with B = 0 or S = 0 on `device`, at both
+// precisions: the output's shape, and zero gradients of the right shapes.
+inline void check_empty_fused_attention(tg::Device device) {
+  const int64_t C = 128, H = 2;
+  const auto to = [&](const tg::Tensor& t) { return t.to(device); };
+  for (const auto& [B, S] : std::vector<std::pair<int64_t, int64_t>>{{0, 5}, {2, 0}}) {
+    CAPTURE(B);
+    CAPTURE(S);
+    tg::RegionAttentionParams params = tg::RegionAttentionParams::init({C, H, 8});
+    const std::vector<tg::Tensor*> trained = {&params.qkv_weight, &params.edit_region_bias, &params.within_edit_bias};
+    for (tg::Tensor* t : {&params.qkv_weight, &params.qkv_bias, &params.out_weight, &params.out_bias,
+                          &params.edit_region_bias, &params.within_edit_bias, &params.cross_edit_bias})
+      *t = to(t->detach());
+    for (tg::Tensor* t : trained) t->requires_grad_();
+    const tg::Tensor x = to(tg::randn({B, S, C})).requires_grad_(), e = to(tg::ones({B, S}));
+    for (const char* precision : {"high", "highest"}) {
+      tg::set_float32_matmul_precision(precision);
+      const tg::Tensor y = tg::region_attention(x, e, e, params, {0.1}, tg::AttentionImpl::Fused);
+      CHECK(y.shape() == tg::Shape({B, S, C}));
+      y.backward(to(tg::ones({B, S, C})));
+      for (tg::Tensor* t : trained) {
+        CHECK(t->grad().shape() == t->shape());
+        CHECK(max_abs_diff(t->grad(), tg::zeros_like(*t)) == 0.0);
+        t->zero_grad();
+      }
+    }
+    tg::set_float32_matmul_precision("highest");
+  }
+}
+
 }  // namespace tgtest

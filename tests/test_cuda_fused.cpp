@@ -270,6 +270,10 @@ TEST_CASE("fused/training path saves O(B H S) beyond the activations" * doctest:
   y.backward(tg::randn({B, S, C}).cuda());
 }
 
+TEST_CASE("fused/an empty batch or sequence runs no kernel and gives zero gradients" * doctest::skip(kNoGpu)) {
+  check_empty_fused_attention(tg::Device::CUDA);
+}
+
 #ifdef TG_CUDA
 TEST_CASE("fused/C API: results, errors that write nothing, a caller's stream, graph capture" * doctest::skip(kNoGpu)) {
   tg::manual_seed(105);

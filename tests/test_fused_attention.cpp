@@ -182,6 +182,8 @@ TEST_CASE("fused/cpu float64: the edit-bias scalars from the per-key sums X, T")
   CHECK(std::abs(x_keys - x_direct) < 1e-12);
 }
 
+TEST_CASE("fused/cpu: an empty batch or sequence gives zero gradients") { check_empty_fused_attention(tg::Device::CPU); }
+
 TEST_CASE("errors/fused attention") {
   const tg::Tensor qkv = tg::zeros({1, 3, 24}), e = tg::zeros({1, 3}), a = tg::ones({1, 3});
   const tg::Tensor E = tg::zeros({2, 4, 4}), w = tg::zeros({2, 1, 1});
