@@ -116,10 +116,15 @@ void cpu_row_dot(const Tensor& dout, const Tensor& o, const Tensor& delta, Atten
 }
 
 // Zeroes what the backward adds to in dE [H,M,M], or does not write: all of
-// it, or for B = 1 (the [S,S] corner written) the rest.
+// it, or for B = 1 (the [S,S] corner written) the rest when the corner is at
+// least half of it (else one whole fill is cheaper: H200, 373/1 took 9 us
+// longer with two partial fills). The first partial fill starts at a column
+// that is a multiple of 4 (16-byte stores); the backward writes over the
+// corner's columns it zeroes.
 void zero_edit_bias_gradient(const Tensor& dE, const AttentionDims& d) {
-  if (d.B != 1) return fill_into(dE, 0.0);
-  fill_into(dE.narrow(1, 0, d.S).narrow(2, d.S, d.M - d.S), 0.0);
+  if (d.B != 1 || 2 * d.S * d.S < d.M * d.M) return fill_into(dE, 0.0);
+  const int64_t from = d.S / 4 * 4;
+  fill_into(dE.narrow(1, 0, d.S).narrow(2, from, d.M - from), 0.0);
   fill_into(dE.narrow(1, d.S, d.M - d.S), 0.0);
 }
 
