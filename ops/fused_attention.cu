@@ -818,14 +818,14 @@ HalfOperands half_operands(const AttentionInputs& in, const AttentionGradTensors
 }
 
 // The backward's policy: fp16 tiles for the benchmark interface at "high"
-// (P read), TF32 for training at "high", 3xTF32 at "highest"; f(policy, kRead).
+// (P read), TF32 for training at "high", 3xTF32 at "highest": f(policy, kRead).
 template <class F>
-void with_backward_policy(MatmulPrecision precision, bool read, F&& f) {
+decltype(auto) with_backward_policy(MatmulPrecision precision, bool read, F&& f) {
   const bool high = precision == MatmulPrecision::High;
-  if (high && read) f(Fp16{}, std::true_type{});
-  else if (high) f(Tf32{}, std::false_type{});
-  else if (read) f(Tf32x3{}, std::true_type{});
-  else f(Tf32x3{}, std::false_type{});
+  if (high && read) return f(Fp16{}, std::true_type{});
+  if (high) return f(Tf32{}, std::false_type{});
+  if (read) return f(Tf32x3{}, std::true_type{});
+  return f(Tf32x3{}, std::false_type{});
 }
 
 // The backward's grid: key tiles, and CTAs per key tile (splits), each
@@ -928,9 +928,7 @@ bool FusedAttentionKernels<Device::CUDA>::writes_key_gradients(const AttentionDi
                                                                bool read) {
   using namespace cuda;
   if (d.B * d.H * d.S == 0) return false;  // no kernel runs
-  bool one_split = false;
-  with_backward_policy(precision, read, [&](auto mma, auto) { one_split = backward_grid<decltype(mma)>(d).splits == 1; });
-  return one_split;
+  return with_backward_policy(precision, read, [&](auto mma, auto) { return backward_grid<decltype(mma)>(d).splits == 1; });
 }
 
 }  // namespace tg
