@@ -11,6 +11,7 @@
 #include "core/tensor.h"
 #include "ops/edit_bias_kernels.h"
 #include "ops/reduce_kernels.h"
+#include "ops/untracked.h"
 
 namespace tg {
 
@@ -128,7 +129,11 @@ void AttentionBiasKernels<Dev>::bias_sums(const Tensor& colsum_ds, const Tensor&
                                           const Tensor& dout, const Tensor& dy, double scale, const Tensor& qkv_bias,
                                           const Tensor& out_bias) {
   const int64_t B = k.size(0), H = k.size(1), S = k.size(2), D = k.size(3);
-  if (B * S == 0 || H * D == 0) return;
+  if (B * S == 0) {  // sums of no rows
+    for (const Tensor* t : {&qkv_bias, &out_bias}) fill_into(*t, 0.0);
+    return;
+  }
+  if (H * D == 0) return;
   TG_DISPATCH_FLOAT(k.dtype(), T, [&] {
     const BiasSums<T> value{colsum_ds.data<T>(), rowsum_pd.data<T>(), k.data<T>(), dout.data<T>(), dy.data<T>(),
                             S, H, D, k.strides()[0], k.strides()[1], k.strides()[2], static_cast<T>(scale)};

@@ -78,8 +78,8 @@ TEST_CASE("fused/cpu float64: the fused algorithm equals the decomposed graph") 
 
 TEST_CASE("fused/cpu float64: the benchmark interface backward equals the decomposed graph's") {
   // The bias sums' chunks of 16 rows: one chunk in all (1, 11), one per batch
-  // (2, 11), whole and partial ones within each batch (3, 37).
-  for (const auto& [B, S] : {std::pair<int64_t, int64_t>{1, 11}, {2, 11}, {3, 37}}) {
+  // (2, 11), whole and partial ones within each batch (3, 37); no rows (0, 5).
+  for (const auto& [B, S] : {std::pair<int64_t, int64_t>{1, 11}, {2, 11}, {3, 37}, {0, 5}}) {
     CAPTURE(S);
     tg::manual_seed(32);
     const int64_t C = 16, H = 2, M = S + 2, D = C / H;
