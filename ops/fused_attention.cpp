@@ -259,6 +259,7 @@ AttentionInputs check_inputs(const Tensor& qkv, const Tensor& e, const Tensor& a
   }
   AttentionInputs in;
   const Tensor q = materialize_aligned(qkv);  // the CUDA kernels read 16-byte vectors of q, k, v
+  in.qkv = q;
   in.q = head_view(q, 0, H);
   in.k = head_view(q, 1, H);
   in.v = head_view(q, 2, H);
@@ -290,14 +291,14 @@ Tensor fused_attention(const Tensor& qkv, const Tensor& edit_mask, const Tensor&
   const Tensor lse = empty({d.B, d.H, d.S}, opts);
   TG_DISPATCH_DEVICE(qkv, FusedAttentionKernels, forward, in, o, lse, precision);
   AttentionInputs meta = in;  // the closure keeps sizes and settings; the tensors live in `saved`
-  meta.q = meta.k = meta.v = meta.edit_mask = meta.attn_mask = meta.edit_region_bias = meta.within = meta.cross = Tensor();
+  meta.qkv = meta.q = meta.k = meta.v = meta.edit_mask = meta.attn_mask = meta.edit_region_bias = meta.within = meta.cross = Tensor();
   return autograd::record(
       OpId::fused_attention, o, {qkv, E, w_in, w_x},
-      {in.q, in.k, in.v, o, lse, in.edit_mask, in.attn_mask, in.edit_region_bias, in.within, in.cross},
+      {in.q, in.k, in.v, o, lse, in.edit_mask, in.attn_mask, in.edit_region_bias, in.within, in.cross, in.qkv},
       [meta, precision](const Tensor& g, const auto& s, const autograd::GradMask& needs) {
         AttentionInputs in = meta;
         in.q = s[0], in.k = s[1], in.v = s[2], in.edit_mask = s[5], in.attn_mask = s[6];
-        in.edit_region_bias = s[7], in.within = s[8], in.cross = s[9];
+        in.edit_region_bias = s[7], in.within = s[8], in.cross = s[9], in.qkv = s[10];
         const AttentionDims d = in.d;
         const TensorOptions opts{g.dtype(), g.device()};
         AttentionGradTensors gt;

@@ -1,7 +1,7 @@
 // The fused attention kernels: the forward (one pass over the keys with an
 // online softmax) and the backward (one pass per key tile over the queries),
-// on TF32 tensor cores, or fp16 ones for the benchmark interface's backward at
-// "high" (core/mma.cuh), tiles loaded with cp.async
+// on TF32 tensor cores (the forward at "high"), fp16 ones (the backward at
+// "high") or 3xTF32 (at "highest") (core/mma.cuh), tiles loaded with cp.async
 // (core/async_copy.cuh). docs/derivations.md derives the math;
 // the CPU kernels in fused_attention.cpp run the same algorithm as loops.
 #include <algorithm>
@@ -16,6 +16,7 @@
 #include "core/mma.cuh"
 #include "ops/fused_attention_kernels.h"
 #include "ops/matmul_kernels.h"
+#include "ops/untracked.h"
 
 namespace tg::cuda {
 
@@ -337,8 +338,8 @@ __global__ void __launch_bounds__(kFwdThreads) attention_forward_kernel(ForwardA
 // tile's Q, dO, per-query e, Delta (lse) and Pd as soon as this tile's are
 // read, during dQ and dE.
 //
-// With the Fp16 policy (the benchmark interface at "high") Q, K, V and dO
-// arrive as fp16 copies scaled by powers of two (to_fp16), dS is scaled by
+// With the Fp16 policy ("high") Q, K, V and dO arrive as fp16 copies scaled
+// by powers of two (to_fp16), K Q^T (recomputed) is unscaled, dS is scaled by
 // a power of two from a bound on |dS| before it is rounded to fp16, and every
 // product is unscaled where it is used (BackwardScales).
 
@@ -351,8 +352,9 @@ static_assert(kBwdKeys == 16 * (kBwdThreads / 32) && kBwdRows == kBwdKeys,
 
 // The backward's shared memory, in bytes: the operand tiles K, V, Q and dO
 // (Mma::Staged), then float tiles: dS (P or E in, dS out) and a second one,
-// K^T for the TF32 dQ product or, with fp16 tiles, the Pd tile (TF32 stages
-// Pd where K was, once K^T is made); then per-query and per-key vectors.
+// K^T for the 3xTF32 dQ product or, with fp16 tiles, the Pd tile (3xTF32
+// stages Pd where K was, once K^T is made; unused with fp16 tiles in
+// training); then per-query and per-key vectors.
 template <class Mma>
 struct BackwardLayout {
   using Staged = typename Mma::Staged;
@@ -367,13 +369,16 @@ struct BackwardLayout {
   static_assert(kTile % 16 == 0 && kFloatTile % 16 == 0, "tiles start on 16-byte boundaries");
 };
 
-// With fp16 tiles: the to_fp16 alphas 2^-(e_i + e_j) of q, k, v, dO (in that
-// order; row-major 4 x 4) and Pd's scale, from which dS's follows.
+// With fp16 tiles: the to_fp16 alphas 2^-(e_i + e_j) of the group's
+// matrices (Fp16Group::scalars), the group matrix of each of q, k, v, dO
+// (q, k, v, dO themselves, or qkv, qkv, qkv, dO), and Pd's scale, from which
+// dS's follows.
 constexpr int kHalfQ = 0, kHalfK = 1, kHalfV = 2, kHalfDO = 3;
 struct HalfOperands {
   HeadRows<const __half> q, k, v;
   const __half* dout;     // [B,S,H*D]
   const float* alphas;    // Fp16Group::scalars
+  int matrix[4];          // of q, k, v, dO in the group
   float pd_scale;         // 2^-e_keep, keep_scale = 1 / (1 - p) < 2^e_keep: the fp16 Pd is pd_scale Pd
 };
 
@@ -400,6 +405,7 @@ struct BackwardArgs {
 // s_dS dS with s_dS = 2^-(20 + e_keep) s_dO s_v, under 2^15 < 65504; Pd, at
 // most keep_scale, as 2^-e_keep Pd, under 1, for any p.
 struct BackwardScales {
+  float qk = 1.f;   // q . k = qk * (the K Q^T product)
   float dpd = 1.f;  // dPd = dpd * (the V dO^T product)
   float ds = 1.f;   // the fp16 dS is ds * dS (and Pd is HalfOperands::pd_scale * Pd)
   float dv = 1.f, dk = 1.f, dq = 1.f;  // dV, dK, dQ = these * their products (the softmax scale included)
@@ -410,8 +416,9 @@ __device__ BackwardScales backward_scales(const BackwardArgs& p) {
   BackwardScales f;
   f.dk = f.dq = p.sc.scale;
   if constexpr (BackwardLayout<Mma>::kHalf) {
-    const auto alpha = [&](int i, int j) { return p.half.alphas[4 * i + j]; };
+    const auto alpha = [&](int i, int j) { return p.half.alphas[kMaxFp16Group * p.half.matrix[i] + p.half.matrix[j]]; };
     const auto inverse_scale = [&](int i) { return sqrtf(alpha(i, i)); };  // 2^-e_i, exactly
+    f.qk = alpha(kHalfQ, kHalfK);
     f.dpd = alpha(kHalfV, kHalfDO);
     f.ds = fmaxf(0x1p-20f * p.half.pd_scale / f.dpd, 0x1p-126f);
     f.dv = inverse_scale(kHalfDO) / p.half.pd_scale;
@@ -469,7 +476,6 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
   using Layout = BackwardLayout<Mma>;
   using Staged = typename Layout::Staged;
   constexpr bool kHalf = Layout::kHalf, kRowSums = kRead && Mma::kHighest;
-  static_assert(kRead || !kHalf, "fp16 tiles: the benchmark interface only (P read, no recomputed scores)");
   constexpr int kTs = Layout::kTileStride;
   extern __shared__ __align__(16) unsigned char smem_bytes[];
   const auto at = [&](size_t offset) { return smem_bytes + offset; };
@@ -600,7 +606,8 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
           float prob = 0.f, dropped = 0.f, d = 0.f;
           if constexpr (recompute) {
             if (key_valid[r] && q0 + il < sc.S && q_lse[il] != -INFINITY) {
-              const float score = attention_score(pd[nt][c], sc.scale, staged_in, w_in, w_x, q_e[il], ej[r]);
+              const float qk = kHalf ? factor.qk * pd[nt][c] : pd[nt][c];
+              const float score = attention_score(qk, sc.scale, staged_in, w_in, w_x, q_e[il], ej[r]);
               prob = exp2f((score - q_lse[il]) * kLog2e);
             }
             dropped = prob * keep[cq][r];
@@ -801,29 +808,42 @@ void launch_forward(const AttentionInputs& in, const Tensor& o, const Tensor& ls
   check_launch("fused_attention");
 }
 
-// fp16 copies of q, k, v and dout (one max and one conversion kernel for the
-// four) and Pd's scale 2^-e_keep (keep_scale < 2^e_keep, BackwardScales).
-// `half` keeps the copies alive until the kernel is queued (stream-ordered).
+// fp16 copies of q, k, v and dout (one max and one conversion kernel for
+// them all): of qkv when q, k, v are its views (training), else of q, k, v
+// themselves; and Pd's scale 2^-e_keep (keep_scale < 2^e_keep,
+// BackwardScales). A copy keeps its matrix's layout, so a head view of it
+// has the float view's strides. `half` keeps the copies alive until the
+// kernel is queued (stream-ordered).
 HalfOperands half_operands(const AttentionInputs& in, const AttentionGradTensors& g, Fp16Group& half) {
   const AttentionDims d = in.d;
-  const int64_t rows = d.B * d.H * d.S;
-  half = to_fp16({in.q.view({rows, kD}), in.k.view({rows, kD}), in.v.view({rows, kD}),
-                  g.dout.view({d.B * d.S, d.H * kD})});
+  const Tensor dout = rows_view(g.dout, d.H * kD);
+  const bool packed = in.qkv.defined();
+  const std::vector<Tensor> matrices = {in.q, in.k, in.v};
+  if (packed) half = to_fp16({rows_view(in.qkv, 3 * d.H * kD), dout});
+  else half = to_fp16({in.q.view({d.B * d.H * d.S, kD}), in.k.view({d.B * d.H * d.S, kD}),
+                       in.v.view({d.B * d.H * d.S, kD}), dout});
   const auto copy = [&](int i) { return reinterpret_cast<const __half*>(half.matrices[i].values.data<float>()); };
-  const auto heads = [&](int i) { return HeadRows<const __half>{copy(i), d.H * d.S * kD, d.S * kD, kD}; };
+  const auto heads = [&](int t) {  // q, k or v: the float view's offset in its matrix and strides
+    const Tensor& view = matrices[t];
+    const int64_t offset = view.offset() - (packed ? in.qkv.offset() : view.offset());
+    return HeadRows<const __half>{copy(packed ? 0 : t) + offset, view.strides()[0], view.strides()[1], view.strides()[2]};
+  };
   int e_keep = 0;
   std::frexp(1.0 / (1.0 - in.p), &e_keep);  // keep_scale < 2^e_keep
-  return {heads(kHalfQ), heads(kHalfK), heads(kHalfV), copy(kHalfDO), half.scalars.data<float>(),
-          std::ldexp(1.f, -e_keep)};
+  HalfOperands h{heads(kHalfQ), heads(kHalfK), heads(kHalfV), copy(packed ? 1 : kHalfDO), half.scalars.data<float>(),
+                 {0, 1, 2, 3}, std::ldexp(1.f, -e_keep)};
+  if (packed) h.matrix[kHalfQ] = h.matrix[kHalfK] = h.matrix[kHalfV] = 0, h.matrix[kHalfDO] = 1;
+  return h;
 }
 
-// The backward's policy: fp16 tiles for the benchmark interface at "high"
-// (P read), TF32 for training at "high", 3xTF32 at "highest": f(policy, kRead).
+// The backward's policy: fp16 tiles at "high", 3xTF32 at "highest";
+// f(policy, kRead) with kRead: P read (the benchmark interface), else
+// recomputed (training).
 template <class F>
 decltype(auto) with_backward_policy(MatmulPrecision precision, bool read, F&& f) {
   const bool high = precision == MatmulPrecision::High;
   if (high && read) return f(Fp16{}, std::true_type{});
-  if (high) return f(Tf32{}, std::false_type{});
+  if (high) return f(Fp16{}, std::false_type{});
   if (read) return f(Tf32x3{}, std::true_type{});
   return f(Tf32x3{}, std::false_type{});
 }

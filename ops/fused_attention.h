@@ -16,8 +16,9 @@
 // the dropout mask is regenerated from Philox (keyed like tg::dropout on the
 // [B,H,S,S] probabilities). docs/derivations.md derives it.
 //
-// Devices: CUDA float32 with head dim 64 runs the fused kernels (TF32 tensor
-// cores at "high", 3xTF32 at "highest"); another head dim or dtype on CUDA is
+// Devices: CUDA float32 with head dim 64 runs the fused kernels (at "high" the
+// forward on TF32 tensor cores and the backward on fp16 ones, each operand
+// scaled by a power of two; 3xTF32 at "highest"); another head dim or dtype on CUDA is
 // a tg::Error (use AttentionImpl::Decomposed). On the CPU the same algorithm
 // runs as plain loops, in float32 or float64, any head dim: for checking and
 // teaching, not for speed.

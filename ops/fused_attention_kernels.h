@@ -23,6 +23,7 @@ struct AttentionDims {
 // (views of the projection qkv [B,S,3C], or contiguous tensors).
 struct AttentionInputs {
   Tensor q, k, v;
+  Tensor qkv;                                // optional: the [B,S,3C] tensor q, k, v are views of
   Tensor edit_mask, attn_mask;               // [B,S], 0/1, contiguous
   Tensor edit_region_bias, within, cross;    // [H,M,M], [H], [H], contiguous
   AttentionDims d;
