@@ -393,12 +393,13 @@ struct BackwardArgs {
 };
 
 // The factors between the kernel's scaled products and the true values (all
-// 1 for float tiles). With fp16 tiles x is stored as s_x x, s_x = 2^e_x and
-// max |s_x x| < 2^14, so |dPd| <= D max|dO| max|v| < 2^34 / (s_dO s_v); |dP|
-// is at most keep_scale times that, |Delta| <= max |dP| (a convex combination),
-// and |dS| = P |dP - Delta| < 2^(35 + e_keep) / (s_dO s_v). dS is stored as
-// s_dS dS with s_dS = 2^-(20 + e_keep) s_dO s_v, under 2^15 < 65504; Pd, at
-// most keep_scale, as 2^-e_keep Pd, under 1, for any p.
+// 1 for float tiles). With fp16 tiles x is stored as s_x x, s_x = 2^e_x; the
+// bound scale b_x (Fp16Group::scalars) has max |b_x x| < 2^14, so |dPd| <= D
+// max|dO| max|v| < 2^34 / (b_dO b_v); |dP| is at most keep_scale times that,
+// |Delta| <= max |dP| (a convex combination), and |dS| = P |dP - Delta| <
+// 2^(35 + e_keep) / (b_dO b_v). dS is stored as s_dS dS with s_dS = 2^-(20 +
+// e_keep) b_dO b_v, under 2^15 < 65504; Pd, at most keep_scale, as 2^-e_keep
+// Pd, under 1, for any p.
 struct BackwardScales {
   float dpd = 1.f;  // dPd = dpd * (the V dO^T product)
   float ds = 1.f;   // the fp16 dS is ds * dS (and Pd is HalfOperands::pd_scale * Pd)
@@ -412,8 +413,9 @@ __device__ BackwardScales backward_scales(const BackwardArgs& p) {
   if constexpr (BackwardLayout<Mma>::kHalf) {
     const auto alpha = [&](int i, int j) { return p.half.alphas[4 * i + j]; };
     const auto inverse_scale = [&](int i) { return sqrtf(alpha(i, i)); };  // 2^-e_i, exactly
+    const auto bound_scale = [&](int i) { return p.half.alphas[kFp16BoundScales + i]; };  // max |b_i x_i| < 2^14
     f.dpd = alpha(kHalfV, kHalfDO);
-    f.ds = fmaxf(0x1p-20f * p.half.pd_scale / f.dpd, 0x1p-126f);
+    f.ds = fmaxf(0x1p-20f * p.half.pd_scale * bound_scale(kHalfV) * bound_scale(kHalfDO), 0x1p-126f);
     f.dv = inverse_scale(kHalfDO) / p.half.pd_scale;
     f.dk *= inverse_scale(kHalfQ) / f.ds;
     f.dq *= inverse_scale(kHalfK) / f.ds;
