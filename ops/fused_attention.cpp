@@ -435,7 +435,7 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
 
   // dbqkv from fp32 sums, not from the tensor-core dq, dk, dv: sum_i dq_i =
   // scale sum_j colsum(dS)_j k_j, sum_j dk_j = 0 (dS rows sum to 0), sum_j dv_j = sum_i rowsum(Pd)_i do_i;
-  // and dbo = sum_i dy_i, all four as one stacked column sum.
+  // and dbo = sum_i dy_i: dbq, dbv and dbo as one stacked column sum, which writes dbk's zeros with dbq.
   TG_DISPATCH_DEVICE(x, AttentionBiasKernels, bias_sums, g.colsum_ds, g.rowsum_pd, in.key, dout, dy, scale,
                      out.qkv_bias, out.out_bias);
 
