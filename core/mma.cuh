@@ -7,10 +7,11 @@
 //   A (16 x 8, row-major):  a0 (g, t)  a1 (g+8, t)  a2 (g, t+4)  a3 (g+8, t+4)
 //   B (8 x 8, k x n):       b0 (k=t, n=g)  b1 (k=t+4, n=g)
 //   C (16 x 8):             c0 (g, 2t)  c1 (g, 2t+1)  c2 (g+8, 2t)  c3 (g+8, 2t+1)
-// Two precisions share the code through a policy: Tf32 ("high": one TF32
-// product, operands rounded to nearest) and Tf32x3 ("highest": each operand
-// split as big + small, both TF32, and a b ~ a_big b_big + a_big b_small +
-// a_small b_big, which carries fp32-level accuracy).
+// Two precisions share the kernels' code through a policy: Tf32x3
+// ("highest": each operand split as big + small, both TF32, and a b ~ a_big
+// b_big + a_big b_small + a_small b_big, which carries fp32-level accuracy)
+// and Fp16 ("high": fp16 operands, TF32's 10-bit mantissa, scaled by their
+// callers into fp16's range).
 #pragma once
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -34,37 +35,6 @@ __device__ __forceinline__ void mma_16x8x8(float (&d)[4], const uint32_t (&a)[4]
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// "high": one TF32 product per tile. Operands staged in shared memory (read
-// by many products) are rounded once when they land, so their fragments need
-// no conversion (make_staged).
-struct Tf32 {
-  using Staged = float;  // the element type of operand tiles in shared memory
-  static constexpr bool kRoundsStaged = true;
-  static constexpr bool kHighest = false;
-  template <int N>
-  struct Frag {
-    uint32_t big[N];
-  };
-  __device__ __forceinline__ static float stage(float x) { return __uint_as_float(to_tf32(x)); }
-  template <int N>
-  __device__ __forceinline__ static Frag<N> make_staged(const float (&v)[N]) {
-    Frag<N> f;
-#pragma unroll
-    for (int i = 0; i < N; ++i) f.big[i] = __float_as_uint(v[i]);
-    return f;
-  }
-  template <int N>
-  __device__ __forceinline__ static Frag<N> make(const float (&v)[N]) {
-    float rounded[N];
-#pragma unroll
-    for (int i = 0; i < N; ++i) rounded[i] = stage(v[i]);
-    return make_staged(rounded);
-  }
-  __device__ __forceinline__ static void mma(float (&d)[4], const Frag<4>& a, const Frag<2>& b) {
-    mma_16x8x8(d, a.big, b.big);
-  }
-};
-
 // "highest": three TF32 products per tile (the small terms first); staged
 // operands keep their full value, which the split needs. The tensor cores
 // round each sum toward zero at the scale of the accumulator, a bias that
@@ -72,8 +42,7 @@ struct Tf32 {
 // the results (the edit-bias gradients) amplify; so a tile's three products go
 // into a fresh accumulator, added to the running one by one rounded FADD.
 struct Tf32x3 {
-  using Staged = float;
-  static constexpr bool kRoundsStaged = false;
+  using Staged = float;  // the element type of operand tiles in shared memory
   static constexpr bool kHighest = true;
   template <int N>
   struct Frag {
@@ -88,10 +57,6 @@ struct Tf32x3 {
       f.small[i] = to_tf32(v[i] - __uint_as_float(f.big[i]));
     }
     return f;
-  }
-  template <int N>
-  __device__ __forceinline__ static Frag<N> make_staged(const float (&v)[N]) {
-    return make(v);
   }
   __device__ __forceinline__ static void mma(float (&d)[4], const Frag<4>& a, const Frag<2>& b) {
     float step[4] = {};
@@ -160,9 +125,8 @@ __device__ __forceinline__ void accumulator_as_a(float (&a)[4], const float (&c)
 
 // acc (16 x 8N) += A (16 x 8K) B (8K x 8N) for one warp: A is rows
 // a_row(r), r in [0, 16), of a row-major shared tile; B is n-tiles n0 ..
-// n0 + 8N - 1 of an n-major shared tile ([n][k]). B is staged (Mma::stage);
-// A too unless kStagedA is false.
-template <class Mma, int K, int N, bool kStagedA = true, class RowOf>
+// n0 + 8N - 1 of an n-major shared tile ([n][k]).
+template <class Mma, int K, int N, class RowOf>
 __device__ __forceinline__ void tile_product(float (&acc)[N][4], const float* a_tile, int a_stride, const RowOf& a_row,
                                              const float* b_tile, int b_stride, int n0, int lane) {
   static_assert(N % 2 == 0, "tile_product: n-tiles go in pairs");
@@ -170,13 +134,13 @@ __device__ __forceinline__ void tile_product(float (&acc)[N][4], const float* a_
   for (int ks = 0; ks < K; ++ks) {
     float a[4];
     load_a(a, a_tile, a_stride, a_row, 8 * ks, lane);
-    const auto A = kStagedA ? Mma::make_staged(a) : Mma::make(a);
+    const auto A = Mma::make(a);
 #pragma unroll
     for (int np = 0; np < N / 2; ++np) {
       float b[2][2];
       load_b_pair(b, b_tile, b_stride, n0 + 16 * np, 8 * ks, lane);
-      Mma::mma(acc[2 * np], A, Mma::make_staged(b[0]));
-      Mma::mma(acc[2 * np + 1], A, Mma::make_staged(b[1]));
+      Mma::mma(acc[2 * np], A, Mma::make(b[0]));
+      Mma::mma(acc[2 * np + 1], A, Mma::make(b[1]));
     }
   }
 }
@@ -200,7 +164,7 @@ __device__ __forceinline__ void accumulator_product(float (&acc)[N][4], const fl
 #pragma unroll
     for (int nt = 0; nt < N; ++nt) {
       const float b[2] = {rows[8 * nt], rows[b_stride + 8 * nt]};
-      Mma::mma(acc[nt], A, Mma::make_staged(b));
+      Mma::mma(acc[nt], A, Mma::make(b));
     }
   }
 }
@@ -236,7 +200,6 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
 // fp16 (converted, with their scales, before the kernel reads them).
 struct Fp16 {
   using Staged = __half;
-  static constexpr bool kRoundsStaged = false;
   static constexpr bool kHighest = false;
 };
 
@@ -244,11 +207,11 @@ struct Fp16 {
 // a_row(r), r in [0, 16), of a row-major shared tile; B is n-tiles n0 ..
 // n0 + 8N - 1 of an n-major shared tile ([n][k]). The template parameters
 // are the TF32 version's, so that a kernel calls both alike: K counts 8-wide
-// k blocks (a step takes two); Mma and kStagedA (always true) are not used.
-template <class Mma, int K, int N, bool kStagedA = true, class RowOf>
+// k blocks (a step takes two); Mma is not used.
+template <class Mma, int K, int N, class RowOf>
 __device__ __forceinline__ void tile_product(float (&acc)[N][4], const __half* a_tile, int a_stride, const RowOf& a_row,
                                              const __half* b_tile, int b_stride, int n0, int lane) {
-  static_assert(N % 2 == 0 && K % 2 == 0 && kStagedA, "tile_product (fp16): staged tiles, pairs of n-tiles and k blocks");
+  static_assert(N % 2 == 0 && K % 2 == 0, "tile_product (fp16): pairs of n-tiles and k blocks");
   const int block = lane >> 3;
 #pragma unroll
   for (int ks = 0; ks < K / 2; ++ks) {

@@ -287,18 +287,28 @@ Tensor fused_attention(const Tensor& qkv, const Tensor& edit_mask, const Tensor&
   const MatmulPrecision precision = resolve_precision(precision_in);
   const AttentionDims d = in.d;
   const TensorOptions opts{qkv.dtype(), qkv.device()};
+  // At "high" on CUDA the kernels read qkv's fp16 copy, which the backward
+  // keeps in place of the float q, k, v (half their memory).
+  const bool half_qkv = qkv.is_cuda() && precision == MatmulPrecision::High && d.B * d.H * d.S > 0;
+  if (half_qkv) in.qkv_half = to_fp16({rows_view(in.qkv, 3 * d.H * d.D)});
   Tensor o = empty({d.B, d.S, d.H * d.D}, opts);
   const Tensor lse = empty({d.B, d.H, d.S}, opts);
   TG_DISPATCH_DEVICE(qkv, FusedAttentionKernels, forward, in, o, lse, precision);
   AttentionInputs meta = in;  // the closure keeps sizes and settings; the tensors live in `saved`
   meta.qkv = meta.q = meta.k = meta.v = meta.edit_mask = meta.attn_mask = meta.edit_region_bias = meta.within = meta.cross = Tensor();
+  meta.qkv_half = {};
+  const Tensor half_values = half_qkv ? in.qkv_half.matrices[0].values : Tensor();
+  const int64_t half_rows = d.B * d.S, half_cols = 3 * d.H * d.D;
+  const auto unless_half = [&](const Tensor& t) { return half_qkv ? Tensor() : t; };
   return autograd::record(
       OpId::fused_attention, o, {qkv, E, w_in, w_x},
-      {in.q, in.k, in.v, o, lse, in.edit_mask, in.attn_mask, in.edit_region_bias, in.within, in.cross, in.qkv},
-      [meta, precision](const Tensor& g, const auto& s, const autograd::GradMask& needs) {
+      {unless_half(in.q), unless_half(in.k), unless_half(in.v), o, lse, in.edit_mask, in.attn_mask,
+       in.edit_region_bias, in.within, in.cross, half_values, in.qkv_half.scalars},
+      [meta, precision, half_rows, half_cols](const Tensor& g, const auto& s, const autograd::GradMask& needs) {
         AttentionInputs in = meta;
         in.q = s[0], in.k = s[1], in.v = s[2], in.edit_mask = s[5], in.attn_mask = s[6];
-        in.edit_region_bias = s[7], in.within = s[8], in.cross = s[9], in.qkv = s[10];
+        in.edit_region_bias = s[7], in.within = s[8], in.cross = s[9];
+        if (s[10].defined()) in.qkv_half = {{{s[10], half_rows, half_cols}}, s[11]};
         const AttentionDims d = in.d;
         const TensorOptions opts{g.dtype(), g.device()};
         AttentionGradTensors gt;
@@ -436,7 +446,7 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
 
   // dbqkv from fp32 sums, not from the tensor-core dq, dk, dv: sum_i dq_i =
   // scale sum_j colsum(dS)_j k_j, sum_j dk_j = 0 (dS rows sum to 0), sum_j dv_j = sum_i rowsum(Pd)_i do_i;
-  // and dbo = sum_i dy_i, all four as one stacked column sum.
+  // and dbo = sum_i dy_i: dbq, dbv and dbo as one stacked column sum, which writes dbk's zeros with dbq.
   TG_DISPATCH_DEVICE(x, AttentionBiasKernels, bias_sums, g.colsum_ds, g.rowsum_pd, in.key, dout, dy, scale,
                      out.qkv_bias, out.out_bias);
 

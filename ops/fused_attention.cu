@@ -1,8 +1,7 @@
 // The fused attention kernels: the forward (one pass over the keys with an
 // online softmax) and the backward (one pass per key tile over the queries),
-// on TF32 tensor cores (the forward at "high"), fp16 ones (the backward at
-// "high") or 3xTF32 (at "highest") (core/mma.cuh), tiles loaded with cp.async
-// (core/async_copy.cuh). docs/derivations.md derives the math;
+// on fp16 tensor cores (at "high") or 3xTF32 (at "highest") (core/mma.cuh),
+// tiles loaded with cp.async (core/async_copy.cuh). docs/derivations.md derives the math;
 // the CPU kernels in fused_attention.cpp run the same algorithm as loops.
 #include <algorithm>
 #include <cmath>
@@ -23,7 +22,6 @@ namespace tg::cuda {
 namespace {
 
 using mma::Fp16;
-using mma::Tf32;
 using mma::Tf32x3;
 
 constexpr int kD = 64;        // the head dim the kernels cover
@@ -41,7 +39,8 @@ struct HeadRows {
 };
 
 template <class T>
-HeadRows<T> head_rows(const Tensor& t) {
+HeadRows<T> head_rows(const Tensor& t) {  // none for an undefined t (not read)
+  if (!t.defined()) return {};
   return {static_cast<T*>(t.raw_data()), t.strides()[0], t.strides()[1], t.strides()[2]};
 }
 
@@ -62,10 +61,9 @@ ScoreArgs score_args(const AttentionInputs& in) {
           in.rng,                     in.p > 0};
 }
 
-// The 16-byte chunks of a [row][d] tile of T that this thread handles: the
+// The 16-byte chunks of a [row][d] tile of T that this thread copies: the
 // elements col .. col + 16 / sizeof(T) - 1 of rows first_row(), first_row() +
-// kRowStep, ... copy_head_rows and stage_head_rows both walk them, so a thread
-// rounds exactly the chunks it copied (and waited for) itself.
+// kRowStep, ...
 template <int kThreads, class T>
 struct HeadChunks {
   static constexpr int kPerChunk = 16 / sizeof(T), kPerRow = kD / kPerChunk, kRowStep = kThreads / kPerRow;
@@ -151,21 +149,6 @@ __device__ void copy_tile(const float* src, int64_t ld, int64_t rows, int64_t co
   }
 }
 
-// Rounds in place (Mma::stage) the quads of a float [row][d] tile that this
-// thread copied with copy_head_rows; after its own wait, before the barrier.
-// Tiles of other policies are staged as they arrive.
-template <class Mma, int kThreads, class T, class RowMap = SameRow>
-__device__ void stage_head_rows(T* tile, int n, RowMap dst_row = {}) {
-  if constexpr (Mma::kRoundsStaged) {
-    using Chunks = HeadChunks<kThreads, float>;
-    for (int r = Chunks::first_row(); r < n; r += Chunks::kRowStep) {
-      float4* q = reinterpret_cast<float4*>(tile + dst_row(r) * kStride + Chunks::col());
-      const float4 v = *q;
-      *q = make_float4(Mma::stage(v.x), Mma::stage(v.y), Mma::stage(v.z), Mma::stage(v.w));
-    }
-  }
-}
-
 // [d][row] from a [row][d] shared tile of n rows (stride kStride). Lane l
 // takes row l, so the scalar stores hit distinct banks.
 template <int kThreads>
@@ -210,31 +193,78 @@ __device__ __forceinline__ void pair_keep(const ScoreArgs& sc, int64_t row0, int
     for (int c = 0; c < 2; ++c) keep[i][c] = bits_to_uniform(bits[i][c]) >= sc.p ? sc.keep_scale : 0.f;
 }
 
+// fp16 operand tiles: where each of q, k, v, dO lives, its fp16 copy and
+// its group's scalars (Fp16Group::scalars) with its matrix there, which give
+// its storage scale s_x (x is stored as s_x x, and the group's alpha of (x,
+// x) is 1 / s_x^2) and its bound scale b_x (max |b_x x| < 2^14); and Pd's
+// scale 2^-e_keep, keep_scale = 1 / (1 - p) < 2^e_keep, so that the fp16 Pd is
+// under 1 for any p.
+constexpr int kHalfQ = 0, kHalfK = 1, kHalfV = 2, kHalfDO = 3;
+constexpr int kHalfStride = 72;  // fp16 tiles: 144-byte rows, so ldmatrix's 8 rows hit distinct banks
+static_assert(kHalfStride >= kD && kHalfStride % 8 == 0 && (kHalfStride / 2) % 32 == 4, "kHalfStride: see above");
+struct HalfOperands {
+  HeadRows<const __half> q, k, v;
+  const __half* dout;        // [B,S,H*D] (the backward's)
+  const float* scalars[4];   // of q, k, v, dO
+  int matrix[4];             // of q, k, v, dO in its group
+  float pd_scale;
+  __device__ float inverse_scale(int x) const {  // 1 / s_x, exactly
+    return sqrtf(scalars[x][(kMaxFp16Group + 1) * matrix[x]]);
+  }
+  __device__ float bound_scale(int x) const { return scalars[x][kFp16BoundScales + matrix[x]]; }
+};
+
+// The operand rows a kernel reads: the fp16 copy's with fp16 tiles, else the float tensor's.
+template <bool kHalf>
+__device__ auto operand_rows(const HeadRows<const float>& f, const HeadRows<const __half>& half) {
+  if constexpr (kHalf) return half;
+  else return f;
+}
+
 // ---------------------------------------------------------------- forward
 // One CTA per (64 queries, b, h), 4 warps of 16 query rows each; key tiles of
 // 64. Per warp and tile: S = Q K^T (8 n-tiles), the online softmax, dropout,
 // then O += Pd V with Pd's accumulator used directly as the A operand. K, V
 // and the tile's corner of edit_region_bias arrive together through cp.async.
+// With fp16 tiles ("high") q, k, v come from qkv's fp16 copy: the score
+// unscales Q K^T with the softmax scale, and Pd goes in as 2^-e_keep Pd.
 
 constexpr int kFwdRows = 64, kFwdKeys = 64, kFwdThreads = 128;
-constexpr int kFwdSmemFloats = 4 * 64 * kStride + 2 * kFwdKeys;
+
+// The forward's shared memory, in bytes: Q, K, V (Mma::Staged), the float
+// corner of edit_region_bias, then e_j and the key flags.
+template <class Mma>
+struct ForwardLayout {
+  using Staged = typename Mma::Staged;
+  static constexpr bool kHalf = sizeof(Staged) == 2;
+  static constexpr int kTileStride = kHalf ? kHalfStride : kStride;
+  static constexpr size_t kTile = size_t(64) * kTileStride * sizeof(Staged);
+  static constexpr size_t kQ = 0, kK = kTile, kV = 2 * kTile, kE = 3 * kTile,
+                          kKeys = kE + size_t(64) * kStride * sizeof(float), kBytes = kKeys + 2 * kFwdKeys * sizeof(float);
+  static_assert(kTile % 16 == 0, "tiles start on 16-byte boundaries");
+};
 
 struct ForwardArgs {
   HeadRows<const float> q, k, v;
   float* o;    // [B,S,H*D]
   float* lse;  // [B,H,S]
+  HalfOperands half;  // with the Fp16 policy (q, k, v)
   ScoreArgs sc;
 };
 
 template <class Mma>
 __global__ void __launch_bounds__(kFwdThreads) attention_forward_kernel(ForwardArgs p) {
-  extern __shared__ __align__(16) float smem[];
-  float* Qs = smem;                     // [query][d]
-  float* Ks = Qs + 64 * kStride;        // [key][d]
-  float* Vs = Ks + 64 * kStride;        // [key][d]
-  float* Es = Vs + 64 * kStride;        // [query][key]: edit_region_bias[h, i, j]
-  float* key_e = Es + 64 * kStride;     // e_j
-  float* key_ok = key_e + kFwdKeys;     // 1 for a key that exists and is not masked
+  using Layout = ForwardLayout<Mma>;
+  using Staged = typename Layout::Staged;
+  constexpr bool kHalf = Layout::kHalf;
+  constexpr int kTs = Layout::kTileStride;
+  extern __shared__ __align__(16) unsigned char smem_bytes[];
+  Staged* Qs = reinterpret_cast<Staged*>(smem_bytes + Layout::kQ);  // [query][d]
+  Staged* Ks = reinterpret_cast<Staged*>(smem_bytes + Layout::kK);  // [key][d]
+  Staged* Vs = reinterpret_cast<Staged*>(smem_bytes + Layout::kV);  // [key][d]
+  float* Es = reinterpret_cast<float*>(smem_bytes + Layout::kE);    // [query][key]: edit_region_bias[h, i, j]
+  float* key_e = reinterpret_cast<float*>(smem_bytes + Layout::kKeys);  // e_j
+  float* key_ok = key_e + kFwdKeys;  // 1 for a key that exists and is not masked
   const ScoreArgs& sc = p.sc;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int64_t b = blockIdx.y / sc.H, h = blockIdx.y % sc.H, q0 = int64_t(blockIdx.x) * kFwdRows;
@@ -243,26 +273,32 @@ __global__ void __launch_bounds__(kFwdThreads) attention_forward_kernel(ForwardA
   for (int r = 0; r < 2; ++r) ei[r] = rows[r] < sc.S ? sc.e[b * sc.S + rows[r]] : 0.f;
   const int64_t row_id[2] = {(b * sc.H + h) * sc.S + rows[0], (b * sc.H + h) * sc.S + rows[1]};
   const float w_in = sc.w_in[h], w_x = sc.w_x[h];
+  // The score's factor of the Q K^T product, Pd's scale going into P V, and o's of the P V product.
+  float qk_scale = sc.scale, pd_scale = 1.f, o_scale = 1.f;
+  if constexpr (kHalf) {
+    qk_scale *= p.half.inverse_scale(kHalfQ) * p.half.inverse_scale(kHalfK);
+    pd_scale = p.half.pd_scale;
+    o_scale = p.half.inverse_scale(kHalfV) / pd_scale;
+  }
+  const auto q_rows = operand_rows<kHalf>(p.q, p.half.q), k_rows = operand_rows<kHalf>(p.k, p.half.k);
+  const auto v_rows = operand_rows<kHalf>(p.v, p.half.v);
   float acc[8][4] = {};
-  copy_head_rows<kFwdThreads>(p.q, b, h, q0, kFwdRows, sc.S, Qs);  // waited for with the first key tile
+  copy_head_rows<kFwdThreads>(q_rows, b, h, q0, kFwdRows, sc.S, Qs, kTs);  // waited for with the first key tile
   const auto warp_row = [&](int r) { return 16 * warp + r; };
 
   for (int64_t k0 = 0; k0 < sc.S; k0 += kFwdKeys) {
     __syncthreads();  // the previous tile is no longer read
-    copy_head_rows<kFwdThreads>(p.k, b, h, k0, kFwdKeys, sc.S, Ks);
-    copy_head_rows<kFwdThreads>(p.v, b, h, k0, kFwdKeys, sc.S, Vs);
+    copy_head_rows<kFwdThreads>(k_rows, b, h, k0, kFwdKeys, sc.S, Ks, kTs);
+    copy_head_rows<kFwdThreads>(v_rows, b, h, k0, kFwdKeys, sc.S, Vs, kTs);
     copy_tile<kFwdThreads, kFwdRows, kFwdKeys>(sc.E + (h * sc.M + q0) * sc.M + k0, sc.M, sc.S - q0, sc.S - k0, Es,
                                                kStride);
     async::commit();
     load_key_flags(sc, b, k0, kFwdKeys, key_e, key_ok);
     async::wait<0>();
-    if (k0 == 0) stage_head_rows<Mma, kFwdThreads>(Qs, kFwdRows);
-    stage_head_rows<Mma, kFwdThreads>(Ks, kFwdKeys);
-    stage_head_rows<Mma, kFwdThreads>(Vs, kFwdKeys);
     __syncthreads();
 
     float s[8][4] = {};
-    mma::tile_product<Mma, 8, 8>(s, Qs, kStride, warp_row, Ks, kStride, 0, lane);
+    mma::tile_product<Mma, 8, 8>(s, Qs, kTs, warp_row, Ks, kTs, 0, lane);
 
     // Scores, then the online softmax: rescale what is accumulated to the new row max.
     float tile_max[2] = {-INFINITY, -INFINITY};
@@ -273,7 +309,7 @@ __global__ void __launch_bounds__(kFwdThreads) attention_forward_kernel(ForwardA
         const int r = c >> 1, col = 8 * nt + 2 * t + (c & 1);
         float x = -INFINITY;
         if (key_ok[col] != 0.f && rows[r] < sc.S)
-          x = attention_score(s[nt][c], sc.scale, Es[warp_row(g + 8 * r) * kStride + col], w_in, w_x, ei[r],
+          x = attention_score(s[nt][c], qk_scale, Es[warp_row(g + 8 * r) * kStride + col], w_in, w_x, ei[r],
                               key_e[col]);
         s[nt][c] = x;
         tile_max[r] = fmaxf(tile_max[r], x);
@@ -300,11 +336,11 @@ __global__ void __launch_bounds__(kFwdThreads) attention_forward_kernel(ForwardA
         const int r = c >> 1;
         const float pr = exp2f((s[nt][c] - shift[r]) * kLog2e);
         l_run[r] += pr;
-        s[nt][c] = pr * keep[r][c & 1];
+        s[nt][c] = pr * keep[r][c & 1] * pd_scale;
       }
     }
 
-    mma::accumulator_product<Mma, 8, 8>(acc, s, Vs, kStride, lane);  // O += Pd V
+    mma::accumulator_product<Mma, 8, 8>(acc, s, Vs, kTs, lane);  // O += Pd V
   }
 
   const int64_t C = sc.H * kD;
@@ -313,7 +349,7 @@ __global__ void __launch_bounds__(kFwdThreads) attention_forward_kernel(ForwardA
     l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
     l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
     if (rows[r] >= sc.S) continue;
-    const float inv = l_run[r] > 0.f ? 1.f / l_run[r] : 0.f;
+    const float inv = l_run[r] > 0.f ? o_scale / l_run[r] : 0.f;
     float* o_row = p.o + (b * sc.S + rows[r]) * C + h * kD;
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
@@ -325,7 +361,7 @@ __global__ void __launch_bounds__(kFwdThreads) attention_forward_kernel(ForwardA
 // --------------------------------------------------------------- backward
 // One CTA per (64 keys, b, h, split of the query tiles), 4 warps of 16 keys,
 // two or three CTAs per SM. The CTA keeps its keys' V and K (and K^T for the
-// TF32 products of dQ) and walks query tiles of 64. Per warp and tile, in the
+// 3xTF32 products of dQ) and walks query tiles of 64. Per warp and tile, in the
 // transposed orientation (rows = keys):
 //   S^T = K Q^T (recompute)  ->  P^T, Pd^T;   dPd^T = V dO^T;   dS^T
 //   dV += Pd^T dO;   dK += dS^T Q                   (accumulators used as A)
@@ -344,8 +380,6 @@ __global__ void __launch_bounds__(kFwdThreads) attention_forward_kernel(ForwardA
 // product is unscaled where it is used (BackwardScales).
 
 constexpr int kBwdKeys = 64, kBwdRows = 64, kBwdThreads = 128;
-constexpr int kHalfStride = 72;  // fp16 tiles: 144-byte rows, so ldmatrix's 8 rows hit distinct banks
-static_assert(kHalfStride >= kD && kHalfStride % 8 == 0 && (kHalfStride / 2) % 32 == 4, "kHalfStride: see above");
 static_assert(kBwdRows <= kBwdKeys && kBwdKeys <= kStride, "float tiles ([query][key] or [key][d]) fit stride kStride");
 static_assert(kBwdKeys == 16 * (kBwdThreads / 32) && kBwdRows == kBwdKeys,
               "a warp holds 16 keys (key_of_row) and computes dQ for 16 queries");
@@ -369,18 +403,6 @@ struct BackwardLayout {
   static_assert(kTile % 16 == 0 && kFloatTile % 16 == 0, "tiles start on 16-byte boundaries");
 };
 
-// With fp16 tiles: the to_fp16 alphas 2^-(e_i + e_j) of the group's
-// matrices (Fp16Group::scalars), the group matrix of each of q, k, v, dO
-// (q, k, v, dO themselves, or qkv, qkv, qkv, dO), and Pd's scale, from which
-// dS's follows.
-constexpr int kHalfQ = 0, kHalfK = 1, kHalfV = 2, kHalfDO = 3;
-struct HalfOperands {
-  HeadRows<const __half> q, k, v;
-  const __half* dout;     // [B,S,H*D]
-  const float* alphas;    // Fp16Group::scalars
-  int matrix[4];          // of q, k, v, dO in the group
-  float pd_scale;         // 2^-e_keep, keep_scale = 1 / (1 - p) < 2^e_keep: the fp16 Pd is pd_scale Pd
-};
 
 struct BackwardArgs {
   HeadRows<const float> q, k, v;
@@ -398,12 +420,13 @@ struct BackwardArgs {
 };
 
 // The factors between the kernel's scaled products and the true values (all
-// 1 for float tiles). With fp16 tiles x is stored as s_x x, s_x = 2^e_x and
-// max |s_x x| < 2^14, so |dPd| <= D max|dO| max|v| < 2^34 / (s_dO s_v); |dP|
-// is at most keep_scale times that, |Delta| <= max |dP| (a convex combination),
-// and |dS| = P |dP - Delta| < 2^(35 + e_keep) / (s_dO s_v). dS is stored as
-// s_dS dS with s_dS = 2^-(20 + e_keep) s_dO s_v, under 2^15 < 65504; Pd, at
-// most keep_scale, as 2^-e_keep Pd, under 1, for any p.
+// 1 for float tiles). With fp16 tiles x is stored as s_x x, s_x = 2^e_x; the
+// bound scale b_x (Fp16Group::scalars) has max |b_x x| < 2^14, so |dPd| <= D
+// max|dO| max|v| < 2^34 / (b_dO b_v); |dP| is at most keep_scale times that,
+// |Delta| <= max |dP| (a convex combination), and |dS| = P |dP - Delta| <
+// 2^(35 + e_keep) / (b_dO b_v). dS is stored as s_dS dS with s_dS = 2^-(20 +
+// e_keep) b_dO b_v, under 2^15 < 65504; Pd, at most keep_scale, as 2^-e_keep
+// Pd, under 1, for any p.
 struct BackwardScales {
   float qk = 1.f;   // q . k = qk * (the K Q^T product)
   float dpd = 1.f;  // dPd = dpd * (the V dO^T product)
@@ -416,14 +439,13 @@ __device__ BackwardScales backward_scales(const BackwardArgs& p) {
   BackwardScales f;
   f.dk = f.dq = p.sc.scale;
   if constexpr (BackwardLayout<Mma>::kHalf) {
-    const auto alpha = [&](int i, int j) { return p.half.alphas[kMaxFp16Group * p.half.matrix[i] + p.half.matrix[j]]; };
-    const auto inverse_scale = [&](int i) { return sqrtf(alpha(i, i)); };  // 2^-e_i, exactly
-    f.qk = alpha(kHalfQ, kHalfK);
-    f.dpd = alpha(kHalfV, kHalfDO);
-    f.ds = fmaxf(0x1p-20f * p.half.pd_scale / f.dpd, 0x1p-126f);
-    f.dv = inverse_scale(kHalfDO) / p.half.pd_scale;
-    f.dk *= inverse_scale(kHalfQ) / f.ds;
-    f.dq *= inverse_scale(kHalfK) / f.ds;
+    const HalfOperands& h = p.half;
+    f.qk = h.inverse_scale(kHalfQ) * h.inverse_scale(kHalfK);
+    f.dpd = h.inverse_scale(kHalfV) * h.inverse_scale(kHalfDO);
+    f.ds = fmaxf(0x1p-20f * h.pd_scale * h.bound_scale(kHalfV) * h.bound_scale(kHalfDO), 0x1p-126f);
+    f.dv = h.inverse_scale(kHalfDO) / h.pd_scale;
+    f.dk *= h.inverse_scale(kHalfQ) / f.ds;
+    f.dq *= h.inverse_scale(kHalfK) / f.ds;
   }
   return f;
 }
@@ -502,12 +524,9 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
   constexpr bool recompute = !kRead;
   const int64_t query_tiles = (sc.S + kBwdRows - 1) / kBwdRows;
   const BackwardScales factor = backward_scales<Mma>(p);
-  const auto source = [&](const HeadRows<const float>& f, const HeadRows<const __half>& half) {
-    if constexpr (kHalf) return half;
-    else return f;
-  };
-  const auto q_rows = source(p.q, p.half.q), k_rows = source(p.k, p.half.k), v_rows = source(p.v, p.half.v);
-  const auto dout = source({p.dout, sc.S * C, kD, C}, {p.half.dout, sc.S * C, kD, C});
+  const auto q_rows = operand_rows<kHalf>(p.q, p.half.q), k_rows = operand_rows<kHalf>(p.k, p.half.k);
+  const auto v_rows = operand_rows<kHalf>(p.v, p.half.v);
+  const auto dout = operand_rows<kHalf>({p.dout, sc.S * C, kD, C}, {p.half.dout, sc.S * C, kD, C});
   // The tile's [query][key] corner of a [.., S or M, S or M] matrix.
   const auto copy_scores = [&](const float* m, int64_t ld, int64_t q0, float* dst) {
     copy_tile<kBwdThreads, kBwdRows, kBwdKeys>(m + q0 * ld + k0, ld, sc.S - q0, sc.S - k0, dst, kStride);
@@ -532,8 +551,6 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
   async::commit();
   load_key_flags(sc, b, k0, kBwdKeys, key_e, key_ok);
   async::wait<0>();
-  stage_head_rows<Mma, kBwdThreads>(Ks, kBwdKeys);
-  stage_head_rows<Mma, kBwdThreads>(Vs, kBwdKeys, FragmentOrder{});
   __syncthreads();
   if constexpr (!kHalf) transpose_rows<kBwdThreads>(Ks, kBwdKeys, KTs, kStride);
   if constexpr (kRead) {
@@ -566,8 +583,6 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
     if (kRowSums && threadIdx.x < kBwdRows)
       for (int f = 0; f < 4; ++f) q_sums[f * kBwdRows + threadIdx.x] = 0;
     async::wait<1>();  // this tile's Q, dO, e, Delta (lse) and Pd are in; its P or E may still be on the way
-    stage_head_rows<Mma, kBwdThreads>(Qs, kBwdRows);
-    stage_head_rows<Mma, kBwdThreads>(dOs, kBwdRows);
     __syncthreads();
 
     // dPd^T = V dO^T
@@ -667,7 +682,7 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
       if constexpr (kHalf)
         mma::scaled_float_product<kBwdKeys / 8, 8>(dq, dSs, kStride, warp_rows, factor.ds, Ks, kTs, lane);
       else
-        mma::tile_product<Mma, kBwdKeys / 8, 8, false>(dq, dSs, kStride, warp_rows, KTs, kStride, 0, lane);
+        mma::tile_product<Mma, kBwdKeys / 8, 8>(dq, dSs, kStride, warp_rows, KTs, kStride, 0, lane);
       mma::write_tile(dq, factor.dq, [&](int r) {
         const int64_t i = q0 + 16 * warp + g + 8 * r;
         return i < sc.S ? p.dq.row(b, h, i) : nullptr;
@@ -797,43 +812,61 @@ void check_rows(const char* what, const Tensor& t) {
            " must have 16-byte aligned rows with a unit last stride");
 }
 
+// Pd's scale 2^-e_keep for the fp16 tiles: keep_scale = 1 / (1 - p) < 2^e_keep.
+float pd_scale(double p) {
+  int e_keep = 0;
+  std::frexp(1.0 / (1.0 - p), &e_keep);
+  return std::ldexp(1.f, -e_keep);
+}
+
+const __half* half_values(const Fp16Group& group, int matrix) {
+  return reinterpret_cast<const __half*>(group.matrices[matrix].values.data<float>());
+}
+
+// q, k, v from qkv's fp16 copy (training): a contiguous [B S, 3C] matrix,
+// head h of part t at column t C + h D.
+HalfOperands qkv_half_operands(const AttentionInputs& in) {
+  const AttentionDims d = in.d;
+  TG_CHECK(in.qkv_half.matrices.size() == 1, "fused_attention: fp16 tiles in training need qkv's fp16 copy");
+  const int64_t C = d.H * kD;
+  const __half* qkv = half_values(in.qkv_half, 0);
+  const auto heads = [&](int t) { return HeadRows<const __half>{qkv + t * C, d.S * 3 * C, kD, 3 * C}; };
+  const float* s = in.qkv_half.scalars.data<float>();
+  return {heads(kHalfQ), heads(kHalfK), heads(kHalfV), nullptr, {s, s, s, nullptr}, {0, 0, 0, 0}, pd_scale(in.p)};
+}
+
 template <class Mma>
 void launch_forward(const AttentionInputs& in, const Tensor& o, const Tensor& lse) {
-  const ForwardArgs args{head_rows<const float>(in.q), head_rows<const float>(in.k), head_rows<const float>(in.v),
-                         o.data<float>(), lse.data<float>(), score_args(in)};
-  const size_t bytes = kFwdSmemFloats * sizeof(float);
-  allow_shared_memory<attention_forward_kernel<Mma>>(bytes);
+  using Layout = ForwardLayout<Mma>;
+  ForwardArgs args{head_rows<const float>(in.q), head_rows<const float>(in.k), head_rows<const float>(in.v),
+                   o.data<float>(), lse.data<float>(), HalfOperands{}, score_args(in)};
+  if constexpr (Layout::kHalf) args.half = qkv_half_operands(in);
+  allow_shared_memory<attention_forward_kernel<Mma>>(Layout::kBytes);
   const dim3 grid(static_cast<unsigned>((in.d.S + kFwdRows - 1) / kFwdRows), static_cast<unsigned>(in.d.B * in.d.H));
-  attention_forward_kernel<Mma><<<grid, kFwdThreads, bytes, stream()>>>(args);
+  attention_forward_kernel<Mma><<<grid, kFwdThreads, Layout::kBytes, stream()>>>(args);
   check_launch("fused_attention");
 }
 
-// fp16 copies of q, k, v and dout (one max and one conversion kernel for
-// them all): of qkv when q, k, v are its views (training), else of q, k, v
-// themselves; and Pd's scale 2^-e_keep (keep_scale < 2^e_keep,
-// BackwardScales). A copy keeps its matrix's layout, so a head view of it
-// has the float view's strides. `half` keeps the copies alive until the
-// kernel is queued (stream-ordered).
-HalfOperands half_operands(const AttentionInputs& in, const AttentionGradTensors& g, Fp16Group& half) {
+// The backward's fp16 operands: in training q, k, v from the forward's copy
+// of qkv and dout converted here; for the benchmark interface q, k, v and
+// dout converted together (one launch of each to_fp16 kernel). `half` keeps
+// the copies made here alive until the kernel is queued (stream-ordered).
+HalfOperands half_operands(const AttentionInputs& in, const AttentionGradTensors& g, bool read, Fp16Group& half) {
   const AttentionDims d = in.d;
   const Tensor dout = rows_view(g.dout, d.H * kD);
-  const bool packed = in.qkv.defined();
-  const std::vector<Tensor> matrices = {in.q, in.k, in.v};
-  if (packed) half = to_fp16({rows_view(in.qkv, 3 * d.H * kD), dout});
-  else half = to_fp16({in.q.view({d.B * d.H * d.S, kD}), in.k.view({d.B * d.H * d.S, kD}),
-                       in.v.view({d.B * d.H * d.S, kD}), dout});
-  const auto copy = [&](int i) { return reinterpret_cast<const __half*>(half.matrices[i].values.data<float>()); };
-  const auto heads = [&](int t) {  // q, k or v: the float view's offset in its matrix and strides
-    const Tensor& view = matrices[t];
-    const int64_t offset = view.offset() - (packed ? in.qkv.offset() : view.offset());
-    return HeadRows<const __half>{copy(packed ? 0 : t) + offset, view.strides()[0], view.strides()[1], view.strides()[2]};
-  };
-  int e_keep = 0;
-  std::frexp(1.0 / (1.0 - in.p), &e_keep);  // keep_scale < 2^e_keep
-  HalfOperands h{heads(kHalfQ), heads(kHalfK), heads(kHalfV), copy(packed ? 1 : kHalfDO), half.scalars.data<float>(),
-                 {0, 1, 2, 3}, std::ldexp(1.f, -e_keep)};
-  if (packed) h.matrix[kHalfQ] = h.matrix[kHalfK] = h.matrix[kHalfV] = 0, h.matrix[kHalfDO] = 1;
-  return h;
+  if (!read) {
+    half = to_fp16({dout});
+    HalfOperands h = qkv_half_operands(in);
+    h.dout = half_values(half, 0);
+    h.scalars[kHalfDO] = half.scalars.data<float>();
+    return h;
+  }
+  const int64_t rows = d.B * d.H * d.S;
+  half = to_fp16({in.q.view({rows, kD}), in.k.view({rows, kD}), in.v.view({rows, kD}), dout});
+  const auto heads = [&](int t) { return HeadRows<const __half>{half_values(half, t), d.H * d.S * kD, d.S * kD, kD}; };
+  const float* s = half.scalars.data<float>();
+  return {heads(kHalfQ), heads(kHalfK), heads(kHalfV), half_values(half, kHalfDO), {s, s, s, s}, {0, 1, 2, 3},
+          pd_scale(in.p)};
 }
 
 // The backward's policy: fp16 tiles at "high", 3xTF32 at "highest";
@@ -884,7 +917,7 @@ void launch_backward(const AttentionInputs& in, const AttentionGradTensors& g) {
                     data_or_null<float>(g.dE), data_or_null<double>(dw_sums),
                     data_or_null<float>(g.colsum_ds), data_or_null<float>(g.rowsum_pd),
                     data_or_null<double>(rows), HalfOperands{}, score_args(in), splits};
-  if constexpr (Layout::kHalf) args.half = half_operands(in, g, half);
+  if constexpr (Layout::kHalf) args.half = half_operands(in, g, kRead, half);
   allow_shared_memory<attention_backward_kernel<Mma, kRead>>(Layout::kBytes);
   const dim3 grid(static_cast<unsigned>(key_tiles * splits), static_cast<unsigned>(d.B * d.H));
   attention_backward_kernel<Mma, kRead><<<grid, kBwdThreads, Layout::kBytes, stream()>>>(args);
@@ -909,7 +942,7 @@ void FusedAttentionKernels<Device::CUDA>::forward(const AttentionInputs& in, con
   using namespace cuda;
   if (in.d.B * in.d.H * in.d.S == 0) return;
   for (const auto& [t, name] : {std::pair{&in.q, "q"}, {&in.k, "k"}, {&in.v, "v"}}) check_rows(name, *t);
-  if (precision == MatmulPrecision::High) launch_forward<Tf32>(in, o, lse);
+  if (precision == MatmulPrecision::High) launch_forward<Fp16>(in, o, lse);
   else launch_forward<Tf32x3>(in, o, lse);
 }
 
@@ -932,9 +965,10 @@ void FusedAttentionKernels<Device::CUDA>::backward(const AttentionInputs& in, co
                                                    MatmulPrecision precision) {
   using namespace cuda;
   if (in.d.B * in.d.H * in.d.S == 0) return;
+  const bool half_qkv = !in.qkv_half.matrices.empty();  // q, k, v read from qkv's fp16 copy
   for (const auto& [t, name] : {std::pair{&in.q, "q"}, {&in.k, "k"}, {&in.v, "v"}, {&g.dq, "dq"}, {&g.dk, "dk"},
                                 {&g.dv, "dv"}})
-    check_rows(name, *t);
+    if (!half_qkv || t->defined()) check_rows(name, *t);
   check_aligned("dout", g.dout, 16);
   TG_CHECK(!g.probs.defined() || (g.colsum_ds.defined() && g.rowsum_pd.defined()),
            "fused_attention_backward: reading P needs the column and row sum outputs");

@@ -12,13 +12,14 @@
 //   q <- scale dS k      k <- scale dS^T q      v <- Pd^T do       (into the qkv gradient)
 //   E <- sum_b dS on the [S,S] corner, 0 elsewhere    w_in <- sum dS e_i e_j    w_x <- sum dS cross_ij
 //
-// Saves qkv, o, the log-sum-exp [B,H,S], the masks and the bias parameters;
+// Saves qkv (as fp16 on CUDA at "high", the copy its kernels read), o, the
+// log-sum-exp [B,H,S], the masks and the bias parameters;
 // the dropout mask is regenerated from Philox (keyed like tg::dropout on the
 // [B,H,S,S] probabilities). docs/derivations.md derives it.
 //
-// Devices: CUDA float32 with head dim 64 runs the fused kernels (at "high" the
-// forward on TF32 tensor cores and the backward on fp16 ones, each operand
-// scaled by a power of two; 3xTF32 at "highest"); another head dim or dtype on CUDA is
+// Devices: CUDA float32 with head dim 64 runs the fused kernels (at "high"
+// on fp16 tensor cores, each operand scaled by a power of two, TF32's
+// mantissa; 3xTF32 at "highest"); another head dim or dtype on CUDA is
 // a tg::Error (use AttentionImpl::Decomposed). On the CPU the same algorithm
 // runs as plain loops, in float32 or float64, any head dim: for checking and
 // teaching, not for speed.

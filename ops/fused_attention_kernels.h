@@ -10,6 +10,7 @@
 #include "core/philox.h"
 #include "core/tensor.h"
 #include "ops/edit_bias_kernels.h"
+#include "ops/matmul_kernels.h"
 #include "ops/reduce_kernels.h"
 #include "ops/untracked.h"
 
@@ -22,8 +23,10 @@ struct AttentionDims {
 // The forward's inputs. q, k, v: [B,H,S,D] tensors with a unit d stride
 // (views of the projection qkv [B,S,3C], or contiguous tensors).
 struct AttentionInputs {
-  Tensor q, k, v;
-  Tensor qkv;                                // optional: the [B,S,3C] tensor q, k, v are views of
+  Tensor q, k, v;                            // undefined in a backward that reads qkv_half
+  Tensor qkv;                                // optional: the contiguous [B,S,3C] tensor q, k, v are views of
+  Fp16Group qkv_half;                        // optional (training on CUDA at "high"): qkv's fp16 copy
+                                             // (to_fp16, one matrix), made for the forward, kept for the backward
   Tensor edit_mask, attn_mask;               // [B,S], 0/1, contiguous
   Tensor edit_region_bias, within, cross;    // [H,M,M], [H], [H], contiguous
   AttentionDims d;
@@ -70,13 +73,13 @@ struct FusedAttentionKernels {
 };
 
 // The benchmark interface's bias gradients, all column sums over the B*S
-// token rows (docs/derivations.md, "The qkv bias, carefully"), stacked as 4C
-// columns [dbq | dbk | dbv | dbo] so that one pass per reduction level makes
-// all of them (written once for both devices):
+// token rows (docs/derivations.md, "The qkv bias, carefully"), stacked as 3C
+// columns [dbq | dbv | dbo] so that one pass per reduction level makes all
+// of them (written once for both devices):
 //   dbq[h*D + d] = scale sum_(b,s) colsum(dS)[b,h,s] k[b,h,s,d]
-//   dbk = 0 (the rows of dS sum to 0)
 //   dbv[h*D + d] = sum_(b,s) rowsum(Pd)[b,h,s] do[b,s,h*D + d]
 //   dbo[c] = sum_(b,s) dy[b,s,c]
+// and dbk = 0 (the rows of dS sum to 0), written with dbq (BiasOutputs).
 // One column of one batch: (a + f w[s]) x[s * step] for its rows s.
 template <class T>
 struct WeightedColumn {
@@ -93,28 +96,34 @@ struct BiasSums {
   int64_t S, H, D, sb, sh, ss;     // k's strides
   T scale;
   // Column c of batch b, set up once for a chunk's rows, so the row loop has
-  // no branch: a, f pick the weight (1, scale colsum(dS), rowsum(Pd), or 0 for
-  // dbk, whose loads then read the small colsum row instead of a [B,S,C] tensor).
+  // no branch: a, f pick the weight (scale colsum(dS), rowsum(Pd), or 1).
   TG_HD WeightedColumn<T> column(int64_t b, int64_t c) const {
     const int64_t C = H * D, part = c / C, col = c - part * C, h = col / D, d = col - h * D;
-    const T* colsum = colsum_ds + (b * H + h) * S;
-    const T* rowsum = rowsum_pd + (b * H + h) * S;
-    const T* tokens = (part == 2 ? dout : dy) + b * S * C + col;  // row s at tokens[s * C]
-    switch (part) {
-      case 0: return {colsum, k + b * sb + h * sh + d, ss, T(0), scale};
-      case 1: return {colsum, colsum, 1, T(0), T(0)};
-      case 2: return {rowsum, tokens, C, T(0), T(1)};
-      default: return {rowsum, tokens, C, T(1), T(0)};
-    }
+    if (part == 0) return {colsum_ds + (b * H + h) * S, k + b * sb + h * sh + d, ss, T(0), scale};
+    const T* tokens = (part == 1 ? dout : dy) + b * S * C + col;  // row s at tokens[s * C]
+    if (part == 1) return {rowsum_pd + (b * H + h) * S, tokens, C, T(0), T(1)};
+    return {tokens, tokens, C, T(1), T(0)};
   }
 };
 
-// Where BiasSums' column c goes: qkv_bias [3C] for c < 3C, out_bias [C] after.
+// Where BiasSums' column c goes: dbq and dbv into qkv_bias [3C] (the q and v
+// blocks), dbo into out_bias [C]; writing dbq[c] also writes dbk[c] = 0.
 template <class T>
 struct BiasOutputs {
   T *qkv_bias, *out_bias;
-  int64_t qkv_cols;
-  TG_HD T& operator[](int64_t c) const { return c < qkv_cols ? qkv_bias[c] : out_bias[c - qkv_cols]; }
+  int64_t C;
+  struct Slot {
+    T *at, *zero;
+    TG_HD void operator=(T v) const {
+      *at = v;
+      if (zero) *zero = T(0);
+    }
+  };
+  TG_HD Slot operator[](int64_t c) const {
+    if (c < C) return {qkv_bias + c, qkv_bias + C + c};
+    if (c < 2 * C) return {qkv_bias + C + c, nullptr};
+    return {out_bias + c - 2 * C, nullptr};
+  }
 };
 
 template <Device Dev>
@@ -138,8 +147,8 @@ void AttentionBiasKernels<Dev>::bias_sums(const Tensor& colsum_ds, const Tensor&
   TG_DISPATCH_FLOAT(k.dtype(), T, [&] {
     const BiasSums<T> value{colsum_ds.data<T>(), rowsum_pd.data<T>(), k.data<T>(), dout.data<T>(), dy.data<T>(),
                             S, H, D, k.strides()[0], k.strides()[1], k.strides()[2], static_cast<T>(scale)};
-    const BiasOutputs<T> out{qkv_bias.data<T>(), out_bias.data<T>(), 3 * H * D};
-    batch_column_sums_into<T>(Loop<Dev>{"fused_attention (biases)"}, value, B, S, 4 * H * D, out, k.device());
+    const BiasOutputs<T> out{qkv_bias.data<T>(), out_bias.data<T>(), H * D};
+    batch_column_sums_into<T>(Loop<Dev>{"fused_attention (biases)"}, value, B, S, 3 * H * D, out, k.device());
   });
 }
 

@@ -161,7 +161,7 @@ Fp16Group to_fp16(const std::vector<Tensor>& xs) {
              dtype_name(x.dtype()), " ", x.shape(), " with strides ", x.strides(), " on ", x.device());
     group.matrices.push_back({empty({(x.numel() + 1) / 2}, {DType::Float32, x.device()}), x.size(0), x.size(1)});
   }
-  group.scalars = empty({kMaxFp16Group * kMaxFp16Group + 1}, {DType::Float32, xs[0].device()});
+  group.scalars = empty({kFp16Scalars}, {DType::Float32, xs[0].device()});
   TG_DISPATCH_DEVICE(xs[0], GemmKernels, to_fp16, xs, group);
   return group;
 }

@@ -67,16 +67,17 @@ class DeviceScratch {
   void* ptr_;
 };
 
-// A group of float32 matrices and their fp16 copies, for one launch each of
-// the max and the conversion kernels (blockIdx.y = the matrix). Kernels take
-// it as a __grid_constant__ parameter: indexed by blockIdx.y, an ordinary
-// parameter would be copied to every thread's local memory first.
+// A group of float32 matrices and their fp16 copies, for one launch of each
+// kernel below (blockIdx.y = the matrix). Kernels take it as a
+// __grid_constant__ parameter: indexed by blockIdx.y, an ordinary parameter
+// would be copied to every thread's local memory first.
 struct Fp16Batch {
   const float* x[kMaxFp16Group];
   __half* out[kMaxFp16Group];
   int64_t n[kMaxFp16Group];
   bool aligned[kMaxFp16Group];  // x 16-byte aligned: quads load as one vector
-  unsigned* amax;               // [count], zero-initialised: max |x| as bits (ordered like the values when >= 0)
+  unsigned* amax;               // [count]: max |x| as bits (ordered like the values when >= 0)
+  float* first_scale;           // [count]: the scale of the first conversion, from a sample
   float* scalars;               // Fp16Group::scalars
   int count;
 };
@@ -85,58 +86,90 @@ struct Fp16Batch {
 // any scale, so it must not set the scale of the finite elements.
 __device__ __forceinline__ float finite_abs(float v) { return isfinite(v) ? fabsf(v) : 0.f; }
 
-// The largest finite |x| of matrix blockIdx.y: a block max, then one
-// atomicMax per block (a few hundred blocks per matrix: atomics on one
-// address serialise).
-__global__ void abs_max_kernel(const __grid_constant__ Fp16Batch batch) {
+// 2^e with amax 2^e in [2^(top - 1), 2^top) (1 for amax = 0), e clamped to
+// [-63, 63] so that a pair's alpha 2^-(e_i + e_j) stays a normal float.
+__device__ __forceinline__ float scale_below(float amax, int top) {
+  if (amax == 0.f) return 1.f;
+  int exponent;
+  frexpf(amax, &exponent);  // amax = f 2^exponent, f in [0.5, 1)
+  return ldexpf(1.f, max(-63, min(top - exponent, 63)));
+}
+
+// The scale kept for a matrix whose largest finite |x| is amax and whose
+// first conversion used `first`: `first` when it puts amax in [2^8, 2^14)
+// (or the matrix holds no finite nonzero), else the scale that puts it in
+// [2^13, 2^14).
+__device__ __forceinline__ float kept_scale(unsigned amax_bits, float first) {
+  const float amax = __uint_as_float(amax_bits), scaled = amax * first;
+  if (amax == 0.f || (scaled >= 0x1p8f && scaled < 0x1p14f)) return first;
+  return scale_below(amax, 14);
+}
+
+// Step 1, one block per matrix: zeroes its max and picks the first scale
+// from a sample of kSamples elements spread evenly over it, so that the
+// sample's largest |x| lands in [2^8, 2^9): the whole matrix's largest then
+// lands in the kept window [2^8, 2^14) unless it is 32 times the sample's.
+constexpr int kSamples = 1024;
+__global__ void sample_scale_kernel(const __grid_constant__ Fp16Batch batch) {
   const int t = blockIdx.y;
-  const float* x = batch.x[t];
-  const int64_t n = batch.n[t], tid = blockIdx.x * int64_t(blockDim.x) + threadIdx.x,
-                stride = int64_t(gridDim.x) * blockDim.x, vectors = batch.aligned[t] ? n / 4 : 0;
+  const int64_t n = batch.n[t];
   float m = 0.f;
-  for (int64_t q = tid; q < vectors; q += stride) {
-    const float4 v = reinterpret_cast<const float4*>(x)[q];
-    m = fmaxf(fmaxf(m, fmaxf(finite_abs(v.x), finite_abs(v.y))), fmaxf(finite_abs(v.z), finite_abs(v.w)));
+  for (int64_t k = threadIdx.x; k < kSamples && k < n; k += blockDim.x)
+    m = fmaxf(m, finite_abs(batch.x[t][n > kSamples ? k * n / kSamples : k]));
+  m = block_reduce(m, [](float p, float q) { return fmaxf(p, q); }, 0.f);
+  if (threadIdx.x == 0) {
+    batch.amax[t] = 0u;
+    batch.first_scale[t] = scale_below(m, 9);
   }
-  for (int64_t i = 4 * vectors + tid; i < n; i += stride) m = fmaxf(m, finite_abs(x[i]));
+}
+
+// x scale to fp16, four elements per thread, for matrix blockIdx.y; returns
+// the largest finite |x| this thread saw.
+__device__ float convert(const Fp16Batch& batch, int t, float scale) {
+  const float* x = batch.x[t];
+  const int64_t n = batch.n[t];
+  __half* out = batch.out[t];
+  float m = 0.f;
+  for (int64_t q = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; 4 * q < n; q += int64_t(gridDim.x) * blockDim.x) {
+    if (batch.aligned[t] && 4 * q + 4 <= n) {
+      const float4 v = reinterpret_cast<const float4*>(x)[q];
+      m = fmaxf(fmaxf(m, fmaxf(finite_abs(v.x), finite_abs(v.y))), fmaxf(finite_abs(v.z), finite_abs(v.w)));
+      reinterpret_cast<__half2*>(out)[2 * q] = __floats2half2_rn(v.x * scale, v.y * scale);
+      reinterpret_cast<__half2*>(out)[2 * q + 1] = __floats2half2_rn(v.z * scale, v.w * scale);
+    } else {
+      for (int64_t i = 4 * q; i < n && i < 4 * q + 4; ++i) {
+        m = fmaxf(m, finite_abs(x[i]));
+        out[i] = __float2half_rn(x[i] * scale);
+      }
+    }
+  }
+  return m;
+}
+
+// Step 2: converts with the first scale and finds the true max (a block max,
+// then one atomicMax per block).
+__global__ void to_fp16_kernel(const __grid_constant__ Fp16Batch batch) {
+  const int t = blockIdx.y;
+  float m = convert(batch, t, batch.first_scale[t]);
   m = block_reduce(m, [](float p, float q) { return fmaxf(p, q); }, 0.f);
   if (threadIdx.x == 0) atomicMax(&batch.amax[t], __float_as_uint(m));
 }
 
-// 2^e with max |x| 2^e in [2^13, 2^14) (1 for an all-zero x), e clamped to
-// [-63, 63] so that a pair's alpha 2^-(e_i + e_j) stays a normal float: exact
-// for max |x| in [2^-49, 2^77]; below, the largest element still lands above
-// fp16's subnormals down to max |x| = 2^-77; above 2^79 it overflows to Inf.
-__device__ __forceinline__ float fp16_scale(unsigned amax_bits) {
-  const float amax = __uint_as_float(amax_bits);
-  if (amax == 0.f) return 1.f;
-  int exponent;
-  frexpf(amax, &exponent);  // amax = f 2^exponent, f in [0.5, 1)
-  return ldexpf(1.f, max(-63, min(14 - exponent, 63)));
-}
-
-// x 2^e to fp16, four elements per thread, for matrix blockIdx.y; block (0, 0)
-// also writes the group's alphas and beta.
-__global__ void to_fp16_kernel(const __grid_constant__ Fp16Batch batch) {
+// Step 3: converts again the matrices whose first scale is not kept (none,
+// for data whose sample is representative; every block then returns at
+// once); block (0, 0) writes the group's scalars (Fp16Group::scalars).
+__global__ void rescale_fp16_kernel(const __grid_constant__ Fp16Batch batch) {
+  const auto scale = [&](int i) { return kept_scale(batch.amax[i], batch.first_scale[i]); };
   const int t = blockIdx.y;
   if (blockIdx.x == 0 && t == 0 && threadIdx.x < kMaxFp16Group * kMaxFp16Group) {
     const int i = threadIdx.x / kMaxFp16Group, j = threadIdx.x % kMaxFp16Group;
-    if (i < batch.count && j < batch.count)
-      batch.scalars[threadIdx.x] = 1.f / (fp16_scale(batch.amax[i]) * fp16_scale(batch.amax[j]));
-    if (threadIdx.x == 0) batch.scalars[kMaxFp16Group * kMaxFp16Group] = 0.f;
+    if (i < batch.count && j < batch.count) batch.scalars[threadIdx.x] = 1.f / (scale(i) * scale(j));
+    if (threadIdx.x == 0) batch.scalars[kFp16Beta] = 0.f;
+    if (threadIdx.x < batch.count)
+      batch.scalars[kFp16BoundScales + threadIdx.x] = scale_below(__uint_as_float(batch.amax[threadIdx.x]), 14);
   }
-  const float scale = fp16_scale(batch.amax[t]), *x = batch.x[t];
-  const int64_t n = batch.n[t];
-  __half* out = batch.out[t];
-  for (int64_t q = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; 4 * q < n; q += int64_t(gridDim.x) * blockDim.x) {
-    if (batch.aligned[t] && 4 * q + 4 <= n) {
-      const float4 v = reinterpret_cast<const float4*>(x)[q];
-      reinterpret_cast<__half2*>(out)[2 * q] = __floats2half2_rn(v.x * scale, v.y * scale);
-      reinterpret_cast<__half2*>(out)[2 * q + 1] = __floats2half2_rn(v.z * scale, v.w * scale);
-    } else {
-      for (int64_t i = 4 * q; i < n && i < 4 * q + 4; ++i) out[i] = __float2half_rn(x[i] * scale);
-    }
-  }
+  const float kept = scale(t);
+  if (kept != batch.first_scale[t]) convert(batch, t, kept);
 }
 
 }  // namespace
@@ -189,9 +222,10 @@ template <>
 void GemmKernels<Device::CUDA>::to_fp16(const std::vector<Tensor>& xs, const Fp16Group& out) {
   using namespace cuda;
   const int count = static_cast<int>(xs.size());
-  const Tensor amax = zeros({count}, {DType::Float32, Device::CUDA});
+  const Tensor scratch = empty({2 * count}, {DType::Float32, Device::CUDA});  // amax, then first_scale
   Fp16Batch batch{};
-  batch.amax = reinterpret_cast<unsigned*>(amax.data<float>());
+  batch.amax = reinterpret_cast<unsigned*>(scratch.data<float>());
+  batch.first_scale = scratch.data<float>() + count;
   batch.scalars = out.scalars.data<float>();
   batch.count = count;
   int64_t largest = 0;
@@ -203,10 +237,12 @@ void GemmKernels<Device::CUDA>::to_fp16(const std::vector<Tensor>& xs, const Fp1
     largest = std::max(largest, batch.n[t]);
   }
   const int quads = grid_for((largest + 3) / 4);
-  abs_max_kernel<<<dim3(std::min(quads, 2 * context().sm_count), count), kThreads, 0, stream()>>>(batch);
-  check_launch("to_fp16 (max)");
+  sample_scale_kernel<<<dim3(1, count), kThreads, 0, stream()>>>(batch);
+  check_launch("to_fp16 (sample)");
   to_fp16_kernel<<<dim3(std::min(quads, 8 * context().sm_count), count), kThreads, 0, stream()>>>(batch);
   check_launch("to_fp16");
+  rescale_fp16_kernel<<<dim3(std::min(quads, 2 * context().sm_count), count), kThreads, 0, stream()>>>(batch);
+  check_launch("to_fp16 (rescale)");
 }
 
 // Row-major C = op(A) op(B) as column-major C^T = op(B)^T op(A)^T: a row-major
@@ -221,7 +257,7 @@ void GemmKernels<Device::CUDA>::gemm_fp16(const Fp16Group& group, int a, bool tr
   for (const int64_t v : {n, m, k, A.cols, B.cols})
     TG_CHECK(v <= INT32_MAX, "gemm_fp16: a size of ", v, " exceeds cuBLAS's int (", n, " x ", k, " @ ", k, " x ", m, ")");
   const float* alpha = group.scalars.data<float>() + a * kMaxFp16Group + b;
-  const float* beta = group.scalars.data<float>() + kMaxFp16Group * kMaxFp16Group;
+  const float* beta = group.scalars.data<float>() + kFp16Beta;
   cublasHandle_t handle = cublas();
   TG_CUDA_CHECK(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_DEVICE), "gemm_fp16");
   const cublasStatus_t status = cublasGemmEx(

@@ -35,18 +35,23 @@ void gemm_into(const char* op, const Tensor& a, const Tensor& b, const Tensor& c
 
 // GEMM operands on fp16 tensor cores (the attention layer's projections at
 // "high": fp16 has TF32's 10-bit mantissa and runs at twice its rate). Each
-// matrix x is stored as x 2^e rounded to fp16, with e chosen on the device
-// from the largest finite |x| so that it lands in [2^13, 2^14): inside fp16's
-// range, and every element within 2^-27 of it keeps TF32's precision (smaller
-// ones become fp16 subnormals: one scale per matrix, not per row; Inf and NaN
-// stay Inf and NaN). |e| <= 63 keeps every pair's alpha a normal float, so
-// this holds for max |x| in [2^-49, 2^77]; outside it precision drops
-// gradually below, and above 2^79 the largest elements overflow to Inf.
-// A group of up to kMaxFp16Group matrices is converted by one max kernel and
-// one conversion kernel, which also writes the cuBLAS alpha 2^-(e_i + e_j) of
-// every pair. tapegrad has no fp16 dtype: the elements are packed two per
-// float32 and are read only by the fp16 GEMMs and the attention backward
-// kernel (ops/fused_attention.cu), which takes its scales from the alphas.
+// matrix x is stored as x 2^e rounded to fp16, with e chosen on the device so
+// that the largest finite |x| lands in [2^8, 2^14): inside fp16's range, and
+// every element within 2^-22 of it keeps TF32's precision (smaller ones
+// become fp16 subnormals, off by at most 2^-33 max |x|: one scale per matrix,
+// not per row; Inf and NaN stay Inf and NaN). |e| <= 63 keeps every pair's
+// alpha a normal float, so this holds for max |x| in [2^-49, 2^77]; outside
+// it precision drops gradually below, and above 2^79 the largest elements
+// overflow to Inf.
+// One pass over x, usually: e comes from a sample of 1024 elements (their
+// max put in [2^8, 2^9)), the conversion finds the true max as it goes, and a
+// third kernel converts again, with e from the true max (put in [2^13,
+// 2^14)), only a matrix whose max left the window. A group of up to
+// kMaxFp16Group matrices takes one launch of each kernel; the third also
+// writes the cuBLAS alpha 2^-(e_i + e_j) of every pair. tapegrad has no fp16
+// dtype: the elements are packed two per float32 and are read only by the
+// fp16 GEMMs and the attention kernels (ops/fused_attention.cu), which take
+// their scales from the scalars.
 constexpr int kMaxFp16Group = 4;
 struct Fp16Matrix {
   Tensor values;  // [ceil(rows cols / 2)] float32 storage of the fp16 elements, row-major
@@ -54,8 +59,13 @@ struct Fp16Matrix {
 };
 struct Fp16Group {
   std::vector<Fp16Matrix> matrices;
-  Tensor scalars;  // [kMaxFp16Group^2 + 1] float32: alpha of pair (i, j) at i kMaxFp16Group + j, then 0 (beta)
+  // float32: the alpha of pair (i, j) at i kMaxFp16Group + j; 0 (beta) at
+  // kFp16Beta; at kFp16BoundScales + i, 2^b_i with max |x_i| 2^b_i in [2^13,
+  // 2^14), for bounds on products of the kernel's own (ops/fused_attention.cu)
+  Tensor scalars;
 };
+constexpr int kFp16Beta = kMaxFp16Group * kMaxFp16Group, kFp16BoundScales = kFp16Beta + 1,
+              kFp16Scalars = kFp16BoundScales + kMaxFp16Group;
 Fp16Group to_fp16(const std::vector<Tensor>& xs);  // CUDA float32, contiguous 2-D
 // Untracked, CUDA: c = op(A) @ op(B) for matrices a and b of the group, op(x) =
 // x^T where transposed; fp32 accumulation and output, c [n, m] contiguous.

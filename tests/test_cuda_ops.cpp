@@ -144,6 +144,30 @@ TEST_CASE("cuda/gemm_fp16: TF32's accuracy at any magnitude, every transpose, tw
                     doctest::Contains("matrices 0 and 4 of a group of 4"));
 }
 
+// to_fp16 takes its scale from a sample of 1024 elements and converts once
+// more when the true max leaves the window the sample's scale allows: a huge
+// element the sample misses (the first conversion overflows it to Inf), or
+// tiny elements it never sees (fp16 subnormals at the first scale, ~3e-8 off
+// where TF32 is ~5e-10 off). Either way the product keeps TF32's accuracy.
+TEST_CASE("cuda/gemm_fp16: a max the sample misses is converted again" * doctest::skip(kNoGpu)) {
+  const int64_t rows = 2048, cols = 256;  // the sample reads every 512th element: never index 1 nor an odd one
+  std::vector<double> huge = tg::mul(tg::randn({rows, cols}), 1e-3).to_vector();
+  huge[1] = 1e4;
+  std::vector<double> tiny = tg::mul(tg::randn({rows, cols}), 1e-6).to_vector();
+  for (size_t i = 0; i < tiny.size(); i += 2) tiny[i] = 0.0;
+  for (const auto* values : {&huge, &tiny}) {
+    CAPTURE(values == &huge);
+    const tg::Tensor a = tg::from_vector(*values, {rows, cols}, {tg::DType::Float32}), b = tg::randn({rows, 64});
+    const tg::Tensor exact = tg::matmul(a.to(tg::DType::Float64).transpose(0, 1), b.to(tg::DType::Float64));
+    const tg::TensorOptions cuda32{tg::DType::Float32, tg::Device::CUDA};
+    const tg::Tensor tf32 = tg::empty({cols, 64}, cuda32), fp16 = tg::full({cols, 64}, std::nan(""), cuda32);
+    tg::gemm_into("test", a.cuda().transpose(0, 1), b.cuda(), tf32, 0.0, tg::MatmulPrecision::High);
+    tg::gemm_fp16_into(tg::to_fp16({a.cuda(), b.cuda()}), 0, true, 1, false, fp16);
+    const double tf32_error = max_abs_diff(tf32.cpu().to(tg::DType::Float64), exact);
+    CHECK(max_abs_diff(fp16.cpu().to(tg::DType::Float64), exact) < 2 * tf32_error);
+  }
+}
+
 TEST_CASE("cuda/dropout: the mask is bit-identical to the CPU's" * doctest::skip(kNoGpu)) {
   const tg::PhiloxState rng{1234, 17};
   for (const tg::Shape& s : {tg::Shape{1}, tg::Shape{1001}, tg::Shape{8, 16, 33, 33}}) {

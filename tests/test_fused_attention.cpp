@@ -79,6 +79,7 @@ TEST_CASE("fused/cpu float64: the fused algorithm equals the decomposed graph") 
 TEST_CASE("fused/cpu float64: the benchmark interface backward equals the decomposed graph's") {
   // The bias sums' chunks of 16 rows: one chunk in all (1, 11), one per batch
   // (2, 11), whole and partial ones within each batch (3, 37); no rows (0, 5).
+  // Outputs poisoned with NaN first: every element must be written.
   for (const auto& [B, S] : {std::pair<int64_t, int64_t>{1, 11}, {2, 11}, {3, 37}, {0, 5}}) {
     CAPTURE(S);
     tg::manual_seed(32);
@@ -108,7 +109,10 @@ TEST_CASE("fused/cpu float64: the benchmark interface backward equals the decomp
                                        P.within_edit_bias.detach(), P.cross_edit_bias.detach(), L.a, q.detach(),
                                        k.detach(), v.detach(), s.detach(), probs.detach(), dropped.detach(),
                                        o.detach(), m};
-    const tg::fused::Gradients g = tg::fused::region_attention_backward(in, 1 / std::sqrt(double(D)), p);
+    const auto poisoned = [&](const tg::Shape& shape) { return tg::full(shape, std::nan(""), f64); };
+    const tg::fused::Gradients g{poisoned({B, S, C}), poisoned({3 * C, C}), poisoned({3 * C}), poisoned({C, C}),
+                                 poisoned({C}),       poisoned({H, M, M}),  poisoned({H, 1, 1}), poisoned({H, 1, 1})};
+    tg::fused::region_attention_backward_into(in, 1 / std::sqrt(double(D)), p, tg::MatmulPrecision::Default, g);
     CHECK(max_abs_diff(g.hidden_states, x.grad()) < 1e-10);
     CHECK(max_abs_diff(g.qkv_weight, P.qkv_weight.grad()) < 1e-10);
     CHECK(max_abs_diff(g.qkv_bias, P.qkv_bias.grad()) < 1e-10);
