@@ -146,7 +146,7 @@ __device__ __forceinline__ void tile_product(float (&acc)[N][4], const float* a_
 }
 
 // The same with A an earlier product's accumulators (16 x 8K, k-step s in
-// a_acc[s], see accumulator_as_a) and B a staged k-major shared tile ([k][n],
+// a_acc[s], see accumulator_as_a) and B a k-major shared tile ([k][n],
 // the natural layout of the rows being summed over). In accumulator_as_a's k
 // order, k index t of step s is tile row 8s + 2t and k index t + 4 is row
 // 8s + 2t + 1, so lane (g, t) reads rows 8s + 2t, 8s + 2t + 1 at column

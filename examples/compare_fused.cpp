@@ -70,7 +70,7 @@ int main() {
   const Step ref = run(params, x, e, a, dy, tg::AttentionImpl::Decomposed, "highest");
   std::printf("region-aware attention, B=%ld S=%ld C=%ld H=%ld, dropout 0.1: fused vs decomposed\n", long(B), long(S),
               long(C), long(H));
-  report("fused, high (TF32)", run(params, x, e, a, dy, tg::AttentionImpl::Fused, "high"), ref);
+  report("fused, high (fp16)", run(params, x, e, a, dy, tg::AttentionImpl::Fused, "high"), ref);
   report("fused, highest (3xTF32)", run(params, x, e, a, dy, tg::AttentionImpl::Fused, "highest"), ref);
   return 0;
 }

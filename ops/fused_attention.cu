@@ -524,6 +524,7 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
   constexpr bool recompute = !kRead;
   const int64_t query_tiles = (sc.S + kBwdRows - 1) / kBwdRows;
   const BackwardScales factor = backward_scales<Mma>(p);
+  const float qk_scale = sc.scale * factor.qk;  // the score's factor of the K Q^T product, as in the forward
   const auto q_rows = operand_rows<kHalf>(p.q, p.half.q), k_rows = operand_rows<kHalf>(p.k, p.half.k);
   const auto v_rows = operand_rows<kHalf>(p.v, p.half.v);
   const auto dout = operand_rows<kHalf>({p.dout, sc.S * C, kD, C}, {p.half.dout, sc.S * C, kD, C});
@@ -621,8 +622,7 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
           float prob = 0.f, dropped = 0.f, d = 0.f;
           if constexpr (recompute) {
             if (key_valid[r] && q0 + il < sc.S && q_lse[il] != -INFINITY) {
-              const float qk = kHalf ? factor.qk * pd[nt][c] : pd[nt][c];
-              const float score = attention_score(qk, sc.scale, staged_in, w_in, w_x, q_e[il], ej[r]);
+              const float score = attention_score(pd[nt][c], qk_scale, staged_in, w_in, w_x, q_e[il], ej[r]);
               prob = exp2f((score - q_lse[il]) * kLog2e);
             }
             dropped = prob * keep[cq][r];

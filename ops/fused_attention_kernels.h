@@ -96,13 +96,14 @@ struct BiasSums {
   int64_t S, H, D, sb, sh, ss;     // k's strides
   T scale;
   // Column c of batch b, set up once for a chunk's rows, so the row loop has
-  // no branch: a, f pick the weight (scale colsum(dS), rowsum(Pd), or 1).
+  // no branch: a, f pick the weight (scale colsum(dS), rowsum(Pd), or 1;
+  // dbo's f = 0 multiplies the small rowsum row, finite, not a [B,S,C] tensor).
   TG_HD WeightedColumn<T> column(int64_t b, int64_t c) const {
     const int64_t C = H * D, part = c / C, col = c - part * C, h = col / D, d = col - h * D;
+    const T* rowsum = rowsum_pd + (b * H + h) * S;
     if (part == 0) return {colsum_ds + (b * H + h) * S, k + b * sb + h * sh + d, ss, T(0), scale};
     const T* tokens = (part == 1 ? dout : dy) + b * S * C + col;  // row s at tokens[s * C]
-    if (part == 1) return {rowsum_pd + (b * H + h) * S, tokens, C, T(0), T(1)};
-    return {tokens, tokens, C, T(1), T(0)};
+    return {rowsum, tokens, C, part == 1 ? T(0) : T(1), part == 1 ? T(1) : T(0)};
   }
 };
 

@@ -106,16 +106,15 @@ __device__ __forceinline__ float kept_scale(unsigned amax_bits, float first) {
 }
 
 // Step 1, one block per matrix: zeroes its max and picks the first scale
-// from a sample of kSamples elements spread evenly over it, so that the
+// from a sample of kFp16Samples elements spread over it, so that the
 // sample's largest |x| lands in [2^8, 2^9): the whole matrix's largest then
-// lands in the kept window [2^8, 2^14) unless it is 32 times the sample's.
-constexpr int kSamples = 1024;
+// stays in the kept window [2^8, 2^14) while it is under 32 times the sample's.
 __global__ void sample_scale_kernel(const __grid_constant__ Fp16Batch batch) {
   const int t = blockIdx.y;
   const int64_t n = batch.n[t];
   float m = 0.f;
-  for (int64_t k = threadIdx.x; k < kSamples && k < n; k += blockDim.x)
-    m = fmaxf(m, finite_abs(batch.x[t][n > kSamples ? k * n / kSamples : k]));
+  for (int64_t k = threadIdx.x; k < kFp16Samples && k < n; k += blockDim.x)
+    m = fmaxf(m, finite_abs(batch.x[t][fp16_sample_index(k, n)]));
   m = block_reduce(m, [](float p, float q) { return fmaxf(p, q); }, 0.f);
   if (threadIdx.x == 0) {
     batch.amax[t] = 0u;

@@ -1,5 +1,6 @@
 // The GEMM problem both back ends solve, and its kernels.
 #pragma once
+#include "core/hd.h"
 #include <vector>
 
 #include "core/cuda.h"
@@ -43,8 +44,8 @@ void gemm_into(const char* op, const Tensor& a, const Tensor& b, const Tensor& c
 // alpha a normal float, so this holds for max |x| in [2^-49, 2^77]; outside
 // it precision drops gradually below, and above 2^79 the largest elements
 // overflow to Inf.
-// One pass over x, usually: e comes from a sample of 1024 elements (their
-// max put in [2^8, 2^9)), the conversion finds the true max as it goes, and a
+// One pass over x, usually: e comes from a sample of 1024 elements
+// (fp16_sample_index; their max put in [2^8, 2^9)), the conversion finds the true max as it goes, and a
 // third kernel converts again, with e from the true max (put in [2^13,
 // 2^14)), only a matrix whose max left the window. A group of up to
 // kMaxFp16Group matrices takes one launch of each kernel; the third also
@@ -53,6 +54,13 @@ void gemm_into(const char* op, const Tensor& a, const Tensor& b, const Tensor& c
 // fp16 GEMMs and the attention kernels (ops/fused_attention.cu), which take
 // their scales from the scalars.
 constexpr int kMaxFp16Group = 4;
+// The elements to_fp16's sample reads: k = 0 .. kFp16Samples - 1 of a matrix
+// of n elements, spread by a multiplicative hash (not a stride, which on a
+// matrix whose row length divides n / kFp16Samples would read one column).
+constexpr int kFp16Samples = 1024;
+TG_HD inline int64_t fp16_sample_index(int64_t k, int64_t n) {
+  return n > kFp16Samples ? int64_t((uint64_t(k) * 0x9E3779B97F4A7C15ull) % uint64_t(n)) : k;
+}
 struct Fp16Matrix {
   Tensor values;  // [ceil(rows cols / 2)] float32 storage of the fp16 elements, row-major
   int64_t rows = 0, cols = 0;

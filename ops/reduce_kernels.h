@@ -28,7 +28,7 @@ TG_HD T chunk_sum(int64_t first, int64_t last, const F& f) {
 }
 
 // `Out` is where the sums go: a T* of [chunks, cols], or for the last level
-// any type whose out[c] is a T& (several output tensors behind one index).
+// any type whose out[c] can be assigned a T (several output tensors behind one index).
 template <class T, class Value, class Out = T*>
 struct ColumnChunkSum {
   Value value;

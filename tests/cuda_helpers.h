@@ -8,6 +8,18 @@ namespace tgtest {
 
 inline const bool kNoGpu = !tg::cuda::is_available();
 
+// Sets the float32 matmul precision for a scope and restores the previous one.
+class PrecisionScope {
+ public:
+  explicit PrecisionScope(const std::string& precision) : previous_(tg::float32_matmul_precision()) {
+    tg::set_float32_matmul_precision(precision);
+  }
+  ~PrecisionScope() { tg::set_float32_matmul_precision(previous_ == tg::MatmulPrecision::High ? "high" : "highest"); }
+
+ private:
+  tg::MatmulPrecision previous_;
+};
+
 // max over elements of |gpu - cpu| / (atol + rtol |cpu|): <= 1 passes. NaN fails.
 inline double parity_error(const tg::Tensor& gpu, const tg::Tensor& cpu, Tolerance tol) {
   REQUIRE(gpu.shape() == cpu.shape());

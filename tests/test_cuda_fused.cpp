@@ -264,7 +264,7 @@ TEST_CASE("fused/training path saves O(B H S) beyond the activations" * doctest:
   const tg::Tensor x = tg::randn({B, S, C}).cuda().requires_grad_(), e = tg::ones({B, S}).cuda(), a = e;
   for (const std::string precision : {"highest", "high"}) {
     CAPTURE(precision);
-    tg::set_float32_matmul_precision(precision);
+    const PrecisionScope scope(precision);
     const size_t before = tg::cuda::memory_stats().allocated;
     const tg::Tensor y = tg::region_attention(x, e, a, params, {0.1}, tg::AttentionImpl::Fused);
     const double held = double(tg::cuda::memory_stats().allocated - before);
@@ -274,7 +274,6 @@ TEST_CASE("fused/training path saves O(B H S) beyond the activations" * doctest:
     CHECK(held <= qkv_bytes + 4.0 * (B * S * C + B * S * C + B * H * S) + 64 * 1024);
     y.backward(tg::randn({B, S, C}).cuda());
   }
-  tg::set_float32_matmul_precision("highest");
 }
 
 TEST_CASE("fused/an empty batch or sequence runs no kernel and gives zero gradients" * doctest::skip(kNoGpu)) {

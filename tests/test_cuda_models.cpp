@@ -10,18 +10,6 @@ namespace toy = tg::toy;
 
 namespace {
 
-// Sets the float32 matmul precision for a scope and restores the previous one.
-class PrecisionScope {
- public:
-  explicit PrecisionScope(const std::string& precision) : previous_(tg::float32_matmul_precision()) {
-    tg::set_float32_matmul_precision(precision);
-  }
-  ~PrecisionScope() { tg::set_float32_matmul_precision(previous_ == tg::MatmulPrecision::High ? "high" : "highest"); }
-
- private:
-  tg::MatmulPrecision previous_;
-};
-
 // Head dim 64, so the fused kernels take the attention on the GPU.
 const toy::EditModelConfig kConfig{.hidden = 128, .heads = 2, .depth = 2};
 

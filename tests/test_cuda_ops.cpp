@@ -150,11 +150,16 @@ TEST_CASE("cuda/gemm_fp16: TF32's accuracy at any magnitude, every transpose, tw
 // tiny elements it never sees (fp16 subnormals at the first scale, ~3e-8 off
 // where TF32 is ~5e-10 off). Either way the product keeps TF32's accuracy.
 TEST_CASE("cuda/gemm_fp16: a max the sample misses is converted again" * doctest::skip(kNoGpu)) {
-  const int64_t rows = 2048, cols = 256;  // the sample reads every 512th element: never index 1 nor an odd one
+  const int64_t rows = 2048, cols = 256, n = rows * cols;
+  std::vector<bool> sampled(size_t(n), false);
+  for (int64_t k = 0; k < tg::kFp16Samples; ++k) sampled[size_t(tg::fp16_sample_index(k, n))] = true;
   std::vector<double> huge = tg::mul(tg::randn({rows, cols}), 1e-3).to_vector();
-  huge[1] = 1e4;
+  size_t unseen = 0;
+  while (sampled[unseen]) ++unseen;
+  huge[unseen] = 1e4;
   std::vector<double> tiny = tg::mul(tg::randn({rows, cols}), 1e-6).to_vector();
-  for (size_t i = 0; i < tiny.size(); i += 2) tiny[i] = 0.0;
+  for (size_t i = 0; i < tiny.size(); ++i)
+    if (sampled[i]) tiny[i] = 0.0;
   for (const auto* values : {&huge, &tiny}) {
     CAPTURE(values == &huge);
     const tg::Tensor a = tg::from_vector(*values, {rows, cols}, {tg::DType::Float32}), b = tg::randn({rows, 64});
@@ -165,6 +170,36 @@ TEST_CASE("cuda/gemm_fp16: a max the sample misses is converted again" * doctest
     tg::gemm_fp16_into(tg::to_fp16({a.cuda(), b.cuda()}), 0, true, 1, false, fp16);
     const double tf32_error = max_abs_diff(tf32.cpu().to(tg::DType::Float64), exact);
     CHECK(max_abs_diff(fp16.cpu().to(tg::DType::Float64), exact) < 2 * tf32_error);
+  }
+}
+
+// to_fp16's scalars: each matrix's storage scale s (alpha(i, i) = 1 / s^2)
+// puts its max in [2^8, 2^14), its bound scale b in [2^13, 2^14) (the
+// attention backward bounds dS with it), alpha(i, j) = 1 / (s_i s_j), beta 0.
+// Magnitudes far apart, one whose sample sees everything (7 elements), an
+// all-zero one (scale 1).
+TEST_CASE("cuda/to_fp16: storage scales, bound scales and alphas" * doctest::skip(kNoGpu)) {
+  const std::vector<tg::Tensor> xs = {tg::mul(tg::randn({300, 70}), 1e-12), tg::mul(tg::randn({1, 7}), 3e5),
+                                      tg::randn({64, 64}), tg::zeros({5, 3})};
+  std::vector<tg::Tensor> on_gpu;
+  for (const tg::Tensor& x : xs) on_gpu.push_back(x.cuda());
+  const std::vector<double> sc = tg::to_fp16(on_gpu).scalars.cpu().to_vector();
+  const int K = tg::kMaxFp16Group;
+  CHECK(sc[tg::kFp16Beta] == 0.0);
+  for (int i = 0; i < 4; ++i) {
+    CAPTURE(i);
+    const double amax = max_abs_diff(xs[size_t(i)], tg::zeros_like(xs[size_t(i)])), s = 1 / std::sqrt(sc[size_t(i * K + i)]), b = sc[size_t(tg::kFp16BoundScales + i)];
+    CHECK(std::log2(s) == std::round(std::log2(s)));
+    CHECK(std::log2(b) == std::round(std::log2(b)));
+    if (amax == 0) {
+      CHECK(s == 1.0);
+      continue;
+    }
+    CHECK(amax * s >= 0x1p8);
+    CHECK(amax * s < 0x1p14);
+    CHECK(amax * b >= 0x1p13);
+    CHECK(amax * b < 0x1p14);
+    for (int j = 0; j < 4; ++j) CHECK(sc[size_t(i * K + j)] * sc[size_t(i * K + j)] == sc[size_t(i * K + i)] * sc[size_t(j * K + j)]);
   }
 }
 
