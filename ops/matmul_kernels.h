@@ -58,7 +58,7 @@ constexpr int kMaxFp16Group = 4;
 // of n elements, spread by a multiplicative hash (not a stride, which on a
 // matrix whose row length divides n / kFp16Samples would read one column).
 constexpr int kFp16Samples = 1024;
-TG_HD inline int64_t fp16_sample_index(int64_t k, int64_t n) {
+TG_HD int64_t fp16_sample_index(int64_t k, int64_t n) {
   return n > kFp16Samples ? int64_t((uint64_t(k) * 0x9E3779B97F4A7C15ull) % uint64_t(n)) : k;
 }
 struct Fp16Matrix {
