@@ -2,6 +2,7 @@
 // 50 timed runs with the L2 flushed (a 512 MiB memset) before each, the median.
 #pragma once
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <functional>
 #include <vector>
@@ -32,25 +33,35 @@ class Timer {
   // `prepare`, if given, runs before each flush, untimed.
   double median_ms(const std::function<void()>& fn, const std::function<void()>& prepare = {}) {
     for (int i = 0; i < kWarmup; ++i) fn();
-    std::vector<double> ms;
+    std::vector<double> ms, host;
     for (int i = 0; i < kRuns; ++i) {
       if (prepare) prepare();
       TG_CUDA_CHECK(cudaMemsetAsync(flush_.raw_data(), i, kFlushBytes, tg::cuda::stream()), "bench flush");
       TG_CUDA_CHECK(cudaEventRecord(start_, tg::cuda::stream()), "bench");
+      const auto host_start = std::chrono::steady_clock::now();
       fn();
+      host.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - host_start).count());
       TG_CUDA_CHECK(cudaEventRecord(stop_, tg::cuda::stream()), "bench");
       TG_CUDA_CHECK(cudaEventSynchronize(stop_), "bench");
       float t = 0;
       TG_CUDA_CHECK(cudaEventElapsedTime(&t, start_, stop_), "bench");
       ms.push_back(t);
     }
-    std::sort(ms.begin(), ms.end());
-    return ms[ms.size() / 2];
+    host_ms_ = median(host);
+    return median(ms);
   }
+  // The median host time of the last median_ms's calls of fn: the time to
+  // queue its work (a call whose GPU time is shorter than this is host-bound).
+  double host_ms() const { return host_ms_; }
 
  private:
+  static double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  }
   cudaEvent_t start_{}, stop_{};
   tg::Tensor flush_;
+  double host_ms_ = 0;
 };
 
 // The ceilings the benchmarks report against, measured in the same run: a
