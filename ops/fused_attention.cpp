@@ -196,6 +196,8 @@ void FusedAttentionKernels<Device::CPU>::row_dot(const Tensor& dout, const Tenso
 template <>
 void FusedAttentionKernels<Device::CPU>::backward(const AttentionInputs& in, const AttentionGradTensors& g,
                                                   MatmulPrecision) {
+  for (const Tensor* t : {&g.dw_in, &g.dw_x})  // written, as sums (added to below)
+    if (t->defined()) fill_into(*t, 0.0);
   TG_DISPATCH_FLOAT(g.dout.dtype(), T, [&] { cpu_backward<T>(in, g); });
 }
 
@@ -321,7 +323,7 @@ Tensor fused_attention(const Tensor& qkv, const Tensor& edit_mask, const Tensor&
           gt.dE = empty({d.H, d.M, d.M}, opts);
           zero_edit_bias_gradient(gt.dE, d);
         }
-        if (needs[2] || needs[3]) gt.dw_in = zeros({d.H}, opts), gt.dw_x = zeros({d.H}, opts);
+        if (needs[2] || needs[3]) gt.dw_in = empty({d.H}, opts), gt.dw_x = empty({d.H}, opts);
         TG_DISPATCH_DEVICE(g, FusedAttentionKernels, backward, in, gt, precision);
         return std::vector<Tensor>{autograd::keep_if(needs[0], dqkv), gt.dE,
                                    autograd::grad_if(needs[2], [&] { return gt.dw_in.view({d.H, 1, 1}); }),
@@ -439,7 +441,6 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
   const Tensor dqkv = qkv_gradient(x, core.d, precision, true, g);
   g.dE = out.edit_region_bias, g.dw_in = out.within_edit_bias.view({L.H}), g.dw_x = out.cross_edit_bias.view({L.H});
   zero_edit_bias_gradient(g.dE, core.d);
-  for (const Tensor* t : {&g.dw_in, &g.dw_x}) fill_into(*t, 0.0);
   const Tensor sums = zeros({2, L.B, L.H, L.S}, opts);  // one fill for both
   g.colsum_ds = sums.narrow(0, 0, 1).squeeze(0), g.rowsum_pd = sums.narrow(0, 1, 1).squeeze(0);
   TG_DISPATCH_DEVICE(x, FusedAttentionKernels, backward, core, g, precision);

@@ -764,7 +764,7 @@ __global__ void row_dot_kernel(const float* dout, const float* o, float* delta, 
   if (threadIdx.x % 32 == 0) delta[bh * S + i] = v;
 }
 
-// dw_in[h] and dw_x[h] += their sums, one block per head: the kernel's fp64
+// dw_in[h] and dw_x[h] = their sums, one block per head: the kernel's fp64
 // sums, or with row_sums (kRowSums) the sums over rows (b, i) of
 //   e_i (A - R m)   and   e_i (B - R n) + (1 - e_i)(A - R m),   R = A + B,
 // which are sum_j dS e_j and sum_j dS (1 - e_j) with dS = P (dP - R).
@@ -782,8 +782,8 @@ __global__ void finish_edit_bias_sums_kernel(const double* dw_sums, const double
   in = block_sum(in);
   cross = block_sum(cross);
   if (threadIdx.x == 0) {
-    dw_in[h] += static_cast<float>(row_sums ? in : dw_sums[h]);
-    dw_x[h] += static_cast<float>(row_sums ? cross : dw_sums[H + h]);
+    dw_in[h] = static_cast<float>(row_sums ? in : dw_sums[h]);
+    dw_x[h] = static_cast<float>(row_sums ? cross : dw_sums[H + h]);
   }
 }
 
@@ -964,7 +964,11 @@ template <>
 void FusedAttentionKernels<Device::CUDA>::backward(const AttentionInputs& in, const AttentionGradTensors& g,
                                                    MatmulPrecision precision) {
   using namespace cuda;
-  if (in.d.B * in.d.H * in.d.S == 0) return;
+  if (in.d.B * in.d.H * in.d.S == 0) {  // no kernel runs: the written outputs are sums of nothing
+    for (const Tensor* t : {&g.dw_in, &g.dw_x})
+      if (t->defined()) fill_into(*t, 0.0);
+    return;
+  }
   const bool half_qkv = !in.qkv_half.matrices.empty();  // q, k, v read from qkv's fp16 copy
   for (const auto& [t, name] : {std::pair{&in.q, "q"}, {&in.k, "k"}, {&in.v, "v"}, {&g.dq, "dq"}, {&g.dk, "dk"},
                                 {&g.dv, "dv"}})

@@ -40,9 +40,9 @@ struct AttentionInputs {
 // interface). Outputs, zeroed by the caller and accumulated atomically: dq,
 // and dk and dv unless writes_key_gradients ([B,H,S,D] views with a unit d
 // stride); when defined (wanted), dE [H,M,M] (its [S,S] corner written, not
-// added to, when B = 1), dw_in and dw_x [H], the per-key column sums of dS
-// and the per-query row sums of Pd [B,H,S] (for the careful bias gradient of
-// the benchmark).
+// added to, when B = 1), the per-key column sums of dS and the per-query row
+// sums of Pd [B,H,S] (for the careful bias gradient of the benchmark). dw_in
+// and dw_x [H], when defined, are written (zeros for an empty problem).
 struct AttentionGradTensors {
   Tensor dout;                  // dL/do [B,S,C], contiguous
   Tensor lse, delta;            // [B,H,S]

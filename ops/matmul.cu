@@ -236,7 +236,7 @@ void GemmKernels<Device::CUDA>::to_fp16(const std::vector<Tensor>& xs, const Fp1
     largest = std::max(largest, batch.n[t]);
   }
   const int quads = grid_for((largest + 3) / 4);
-  sample_scale_kernel<<<dim3(1, count), kThreads, 0, stream()>>>(batch);
+  sample_scale_kernel<<<dim3(1, count), kFp16Samples, 0, stream()>>>(batch);  // one load per thread
   check_launch("to_fp16 (sample)");
   to_fp16_kernel<<<dim3(std::min(quads, 8 * context().sm_count), count), kThreads, 0, stream()>>>(batch);
   check_launch("to_fp16");
