@@ -10,7 +10,7 @@
   X(sum)                                                                           \
   X(view) X(permute) X(transpose) X(narrow) X(expand) X(unsqueeze) X(squeeze)      \
   X(contiguous) X(clone) X(cast) X(to_device)                                      \
-  X(matmul) X(linear)                                                              \
+  X(matmul) X(linear) X(linear_fp16)                                               \
   X(softmax) X(masked_fill) X(dropout) X(edit_bias) X(layer_norm) X(mse_loss)                       \
   X(fused_attention)
 

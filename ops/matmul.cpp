@@ -121,7 +121,7 @@ void GemmKernels<Device::CPU>::to_fp16(const std::vector<Tensor>&, const Fp16Gro
 }
 
 template <>
-void GemmKernels<Device::CPU>::gemm_fp16(const Fp16Group&, int, bool, int, bool, const Tensor&) {
+void GemmKernels<Device::CPU>::gemm_fp16(const Fp16Group&, int, bool, int, bool, const Tensor&, bool) {
   TG_FAIL("gemm_fp16: fp16 GEMMs run on CUDA only");
 }
 
@@ -166,7 +166,8 @@ Fp16Group to_fp16(const std::vector<Tensor>& xs) {
   return group;
 }
 
-void gemm_fp16_into(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b, const Tensor& c) {
+void gemm_fp16_into(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b, const Tensor& c,
+                    bool accumulate) {
   const int count = static_cast<int>(group.matrices.size());
   TG_CHECK(a >= 0 && a < count && b >= 0 && b < count, "gemm_fp16: matrices ", a, " and ", b, " of a group of ", count);
   const Fp16Matrix &A = group.matrices[a], &B = group.matrices[b];
@@ -176,8 +177,11 @@ void gemm_fp16_into(const Fp16Group& group, int a, bool transpose_a, int b, bool
                c.dtype() == DType::Float32,
            "gemm_fp16: [", n, ", ", k, "] @ [", kb, ", ", m, "] does not give c ", c.shape(), " (contiguous float32)");
   if (c.numel() == 0) return;
-  if (k == 0) return fill_into(c, 0.0);  // an empty sum
-  TG_DISPATCH_DEVICE(c, GemmKernels, gemm_fp16, group, a, transpose_a, b, transpose_b, c);
+  if (k == 0) {  // an empty sum
+    if (!accumulate) fill_into(c, 0.0);
+    return;
+  }
+  TG_DISPATCH_DEVICE(c, GemmKernels, gemm_fp16, group, a, transpose_a, b, transpose_b, c, accumulate);
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b, MatmulPrecision precision) {
@@ -194,35 +198,71 @@ Tensor matmul(const Tensor& a, const Tensor& b, MatmulPrecision precision) {
   });
 }
 
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, MatmulPrecision precision) {
-  check_defined("linear", "x", x);
-  check_defined("linear", "weight", w);
-  check_same_dtype_device("linear", x, w);
-  TG_CHECK(w.dim() == 2, "linear: weight must be [out, in], got ", w.shape());
-  TG_CHECK(x.dim() >= 1, "linear: x must have at least one dim [..., in], got ", x.shape());
-  TG_CHECK(x.shape().back() == w.shape()[1], "linear: x ", x.shape(), " and weight ", w.shape(),
-           " do not agree on in_features (", x.shape().back(), " vs ", w.shape()[1], ")");
-  const int64_t in = w.shape()[1], out_features = w.shape()[0];
+namespace {
+
+// x W^T + b, recorded as `op`: linear's GEMMs at `precision`, or with half
+// (CUDA float32) on fp16 tensor cores, each product's operands converted
+// together by to_fp16. b's gradient is a column sum in g's own dtype either way.
+Tensor linear_impl(OpId op, const Tensor& x, const Tensor& w_in, const Tensor& b, MatmulPrecision precision,
+                   bool half) {
+  const char* name = op_name(op);
+  check_defined(name, "x", x);
+  check_defined(name, "weight", w_in);
+  check_same_dtype_device(name, x, w_in);
+  TG_CHECK(w_in.dim() == 2, name, ": weight must be [out, in], got ", w_in.shape());
+  TG_CHECK(x.dim() >= 1, name, ": x must have at least one dim [..., in], got ", x.shape());
+  TG_CHECK(x.shape().back() == w_in.shape()[1], name, ": x ", x.shape(), " and weight ", w_in.shape(),
+           " do not agree on in_features (", x.shape().back(), " vs ", w_in.shape()[1], ")");
+  const int64_t in = w_in.shape()[1], out_features = w_in.shape()[0];
   if (b.defined()) {
-    check_same_dtype_device("linear", x, b);
-    TG_CHECK(b.shape() == Shape{out_features}, "linear: bias ", b.shape(), " must be [", out_features,
-             "] for weight ", w.shape());
+    check_same_dtype_device(name, x, b);
+    TG_CHECK(b.shape() == Shape{out_features}, name, ": bias ", b.shape(), " must be [", out_features,
+             "] for weight ", w_in.shape());
   }
-  const Tensor x2 = rows_view(materialize(x), in);
+  half = half && x.is_cuda() && x.dtype() == DType::Float32;
+  const Tensor x2 = rows_view(materialize(x), in), w = half ? materialize(w_in) : w_in;
   Shape out_shape = x.shape();
   out_shape.back() = out_features;
   Tensor y2 = empty({x2.shape()[0], out_features}, {x.dtype(), x.device()});
-  if (b.defined()) copy_into(y2, broadcast_view("linear", b, y2.shape()));  // y = b, then y += x W^T
-  gemm_into("linear", x2, transposed_view(w), y2, b.defined() ? 1.0 : 0.0, precision);
+  if (b.defined()) copy_into(y2, broadcast_view(name, b, y2.shape()));  // y = b, then y += x W^T
+  if (half) gemm_fp16_into(to_fp16({x2, w}), 0, false, 1, true, y2, b.defined());
+  else gemm_into(name, x2, transposed_view(w), y2, b.defined() ? 1.0 : 0.0, precision);
   Tensor y = y2.view(out_shape);
-  const GradMask m = autograd::grad_mask({x, w, b});
-  return autograd::record(OpId::linear, y, {x, w, b}, {autograd::keep_if(m[1], x2), autograd::keep_if(m[0], w)},
-                          [precision, x_shape = x.shape(), out_features](const Tensor& g, const auto& s, const GradMask& needs) {
+  const GradMask m = autograd::grad_mask({x, w_in, b});
+  return autograd::record(op, y, {x, w_in, b}, {autograd::keep_if(m[1], x2), autograd::keep_if(m[0], w)},
+                          [precision, half, x_shape = x.shape(), out_features](const Tensor& g, const auto& s,
+                                                                               const GradMask& needs) {
     const Tensor g2 = rows_view(materialize(g), out_features);
-    return Grads{grad_if(needs[0], [&] { return matmul(g2, s[1], precision).view(x_shape); }),
-                 grad_if(needs[1], [&] { return matmul(g2.transpose(0, 1), s[0], precision); }),
-                 grad_if(needs[2], [&] { return sum(g2, {0}); })};  // column sums in g's own dtype, never TF32
+    if (!half)
+      return Grads{grad_if(needs[0], [&] { return matmul(g2, s[1], precision).view(x_shape); }),
+                   grad_if(needs[1], [&] { return matmul(g2.transpose(0, 1), s[0], precision); }),
+                   grad_if(needs[2], [&] { return sum(g2, {0}); })};  // column sums in g's own dtype, never TF32
+    // g, then W (for dx) and x (for dW) as needed, converted together.
+    std::vector<Tensor> matrices{g2};
+    const int iw = needs[0] ? int(matrices.size()) : -1;
+    if (needs[0]) matrices.push_back(s[1]);
+    const int ix = needs[1] ? int(matrices.size()) : -1;
+    if (needs[1]) matrices.push_back(s[0]);
+    const Fp16Group group = needs[0] || needs[1] ? to_fp16(matrices) : Fp16Group{};
+    const auto product = [&](int a, bool transpose_a, int b, Shape shape) {
+      Tensor c = empty(shape, {g.dtype(), g.device()});
+      gemm_fp16_into(group, a, transpose_a, b, false, c);
+      return c;
+    };
+    return Grads{grad_if(needs[0], [&] { return product(0, false, iw, {g2.size(0), s[1].size(1)}).view(x_shape); }),
+                 grad_if(needs[1], [&] { return product(0, true, ix, {out_features, s[0].size(1)}); }),
+                 grad_if(needs[2], [&] { return sum(g2, {0}); })};
   });
+}
+
+}  // namespace
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, MatmulPrecision precision) {
+  return linear_impl(OpId::linear, x, w, b, precision, false);
+}
+
+Tensor linear_fp16(const Tensor& x, const Tensor& w, const Tensor& b) {
+  return linear_impl(OpId::linear_fp16, x, w, b, MatmulPrecision::High, true);
 }
 
 }  // namespace tg

@@ -6,6 +6,13 @@
 //                    a <- sum_to(g @ b^T, a.shape)     b <- sum_to(a^T @ g, b.shape)
 //   linear(x, W, b)  x W^T + b with x [..., in], W [out, in], b [out]
 //                    x <- g W     W <- g^T x (all tokens)     b <- sum of g over tokens
+//   linear_fp16(x, W, b)  the same with its GEMMs on fp16 tensor cores (CUDA
+//                    float32; each product's operands converted together by
+//                    to_fp16, ops/matmul_kernels.h: TF32's mantissa at twice
+//                    TF32's rate, but one power-of-two scale per matrix, so
+//                    an element 2^22 below its matrix's largest loses
+//                    precision). The fused attention layer's projections at
+//                    "high". Elsewhere it is linear at "high".
 //
 // float32 GEMMs run at `precision` ("highest" = fp32, "high" = TF32 tensor
 // cores on CUDA); float64 GEMMs are always fp64.
@@ -18,5 +25,6 @@ namespace tg {
 Tensor matmul(const Tensor& a, const Tensor& b, MatmulPrecision precision = MatmulPrecision::Default);
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
               MatmulPrecision precision = MatmulPrecision::Default);
+Tensor linear_fp16(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
 
 }  // namespace tg

@@ -145,6 +145,13 @@ std::vector<OpCase> build_cases() {
            kGemm, kCheckOnly},
           {OpId::linear, "non-contiguous x", {{"C,S"}, {"N,C"}, {"N"}},
            [](const V& t, const Dims&) { return tg::linear(t[0].transpose(0, 1), t[1], t[2]); }, kGemm, kCheckOnly},
+          {OpId::linear_fp16, "qkv projection [B,S,C] x [3C,C]", {{"B,S,C"}, {"3C,C", uniform(-0.1, 0.1)}, {"3C"}},
+           [](const V& t, const Dims&) { return tg::linear_fp16(t[0], t[1], t[2]); }, kHalfGemm},
+          {OpId::linear_fp16, "no bias, one token", {{"1,C"}, {"N,C"}},
+           [](const V& t, const Dims&) { return tg::linear_fp16(t[0], t[1]); }, kHalfGemm, kCheckOnly},
+          {OpId::linear_fp16, "non-contiguous x and weight", {{"C,S"}, {"C,N"}, {"N"}},
+           [](const V& t, const Dims&) { return tg::linear_fp16(t[0].transpose(0, 1), t[1].transpose(0, 1), t[2]); },
+           kHalfGemm, kCheckOnly},
           // ---- attention pieces
           {OpId::softmax, "[B,H,S,S]", {{"B,H,S,S"}}, [](const V& t, const Dims&) { return tg::softmax(t[0]); }},
           {OpId::softmax, "cuDNN on CUDA", {{"B,H,S,S"}},

@@ -50,6 +50,12 @@ inline constexpr Tolerance kElementwise{1e-6, 1e-5};
 inline constexpr Tolerance kBroadcast{1e-5, 1e-5};
 inline constexpr Tolerance kReduction{1e-4, 1e-4};
 inline constexpr Tolerance kGemm{1e-4, 1e-4};
+// fp16 operands (TF32's 10-bit mantissa) against the CPU's fp32: each
+// product is off by ~2^-11 of itself, a sum of K products of O(1) terms by
+// ~2^-11 sqrt(K), several times that at the largest: ~2e-2 for the weight
+// gradient's K = 111 tokens of O(1) inputs. A wrong scale (a power of two),
+// transpose or bias is off by O(1).
+inline constexpr Tolerance kHalfGemm{3e-2, 1e-2};
 
 using V = std::vector<tg::Tensor>;
 
