@@ -46,7 +46,7 @@ bool is_view_of(const tg::Tensor& t, const std::vector<tg::Tensor>& of) {
 // 2 n m k per product (times the batch) for the GEMM rows, 0 elsewhere.
 double forward_flops(const tgtest::OpCase& c, const tgtest::V& in, const tg::Tensor& out) {
   if (c.op == tg::OpId::matmul) return 2.0 * static_cast<double>(out.numel()) * static_cast<double>(in[0].shape().back());
-  if (c.op == tg::OpId::linear) return 2.0 * static_cast<double>(out.numel()) * static_cast<double>(in[1].shape()[1]);
+  if (c.op == tg::OpId::linear || c.op == tg::OpId::linear_fp16) return 2.0 * static_cast<double>(out.numel()) * static_cast<double>(in[1].shape()[1]);
   return 0.0;
 }
 

@@ -109,7 +109,8 @@ __device__ __forceinline__ float kept_scale(unsigned amax_bits, float first) {
 // from a sample of kFp16Samples elements spread over it, so that the
 // sample's largest |x| lands in [2^8, 2^9): the whole matrix's largest then
 // stays in the kept window [2^8, 2^14) while it is under 32 times the sample's.
-__global__ void sample_scale_kernel(const __grid_constant__ Fp16Batch batch) {
+static_assert(kFp16Samples <= 1024, "the sample kernel reads one element per thread");
+__global__ void __launch_bounds__(kFp16Samples) sample_scale_kernel(const __grid_constant__ Fp16Batch batch) {
   const int t = blockIdx.y;
   const int64_t n = batch.n[t];
   float m = 0.f;

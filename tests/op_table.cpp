@@ -147,9 +147,9 @@ std::vector<OpCase> build_cases() {
            [](const V& t, const Dims&) { return tg::linear(t[0].transpose(0, 1), t[1], t[2]); }, kGemm, kCheckOnly},
           {OpId::linear_fp16, "qkv projection [B,S,C] x [3C,C]", {{"B,S,C"}, {"3C,C", uniform(-0.1, 0.1)}, {"3C"}},
            [](const V& t, const Dims&) { return tg::linear_fp16(t[0], t[1], t[2]); }, kHalfGemm},
-          {OpId::linear_fp16, "no bias, one token", {{"1,C"}, {"N,C"}},
+          {OpId::linear_fp16, "no bias, one token", {{"1,C"}, {"N,C", uniform(-0.1, 0.1)}},
            [](const V& t, const Dims&) { return tg::linear_fp16(t[0], t[1]); }, kHalfGemm, kCheckOnly},
-          {OpId::linear_fp16, "non-contiguous x and weight", {{"C,S"}, {"C,N"}, {"N"}},
+          {OpId::linear_fp16, "non-contiguous x and weight", {{"C,S"}, {"C,N", uniform(-0.1, 0.1)}, {"N"}},
            [](const V& t, const Dims&) { return tg::linear_fp16(t[0].transpose(0, 1), t[1].transpose(0, 1), t[2]); },
            kHalfGemm, kCheckOnly},
           // ---- attention pieces

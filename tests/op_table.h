@@ -53,7 +53,8 @@ inline constexpr Tolerance kGemm{1e-4, 1e-4};
 // fp16 operands (TF32's 10-bit mantissa) against the CPU's fp32: each
 // product is off by ~2^-11 of itself, a sum of K products of O(1) terms by
 // ~2^-11 sqrt(K), several times that at the largest: ~2e-2 for the weight
-// gradient's K = 111 tokens of O(1) inputs. A wrong scale (a power of two),
+// gradient's K = 111 tokens of O(1) inputs (the rows draw weights of ~0.06,
+// so dx's K = 1000 sums stay below that). A wrong scale (a power of two),
 // transpose or bias is off by O(1).
 inline constexpr Tolerance kHalfGemm{3e-2, 1e-2};
 
