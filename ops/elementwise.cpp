@@ -58,6 +58,15 @@ Tensor binary_untracked(const char* name, BinaryOp op, const Tensor& a, const Te
 
 }  // namespace
 
+void add_into(const Tensor& dst, const Tensor& b) {
+  check_defined("add_into", "b", b);
+  check_same_dtype_device("add_into", dst, b);
+  TG_CHECK(dst.is_contiguous(), "add_into: dst ", dst.shape(), " must be contiguous");
+  // Elementwise, each output from the inputs at its own index: dst may be an input.
+  TG_DISPATCH_DEVICE(dst, ElementwiseKernels, binary_forward, BinaryOp::Add, dst,
+                     broadcast_view("add_into", b, dst.shape()), dst);
+}
+
 Tensor add(const Tensor& a, const Tensor& b) {
   Tensor y = binary_untracked("add", BinaryOp::Add, a, b);
   return autograd::record(OpId::add, y, {a, b}, {},

@@ -121,7 +121,7 @@ void GemmKernels<Device::CPU>::to_fp16(const std::vector<Tensor>&, const Fp16Gro
 }
 
 template <>
-void GemmKernels<Device::CPU>::gemm_fp16(const Fp16Group&, int, bool, int, bool, const Tensor&, bool) {
+void GemmKernels<Device::CPU>::gemm_fp16(const Fp16Group&, int, bool, int, bool, const Tensor&) {
   TG_FAIL("gemm_fp16: fp16 GEMMs run on CUDA only");
 }
 
@@ -166,8 +166,7 @@ Fp16Group to_fp16(const std::vector<Tensor>& xs) {
   return group;
 }
 
-void gemm_fp16_into(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b, const Tensor& c,
-                    bool accumulate) {
+void gemm_fp16_into(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b, const Tensor& c) {
   const int count = static_cast<int>(group.matrices.size());
   TG_CHECK(a >= 0 && a < count && b >= 0 && b < count, "gemm_fp16: matrices ", a, " and ", b, " of a group of ", count);
   const Fp16Matrix &A = group.matrices[a], &B = group.matrices[b];
@@ -177,11 +176,8 @@ void gemm_fp16_into(const Fp16Group& group, int a, bool transpose_a, int b, bool
                c.dtype() == DType::Float32,
            "gemm_fp16: [", n, ", ", k, "] @ [", kb, ", ", m, "] does not give c ", c.shape(), " (contiguous float32)");
   if (c.numel() == 0) return;
-  if (k == 0) {  // an empty sum
-    if (!accumulate) fill_into(c, 0.0);
-    return;
-  }
-  TG_DISPATCH_DEVICE(c, GemmKernels, gemm_fp16, group, a, transpose_a, b, transpose_b, c, accumulate);
+  if (k == 0) return fill_into(c, 0.0);  // an empty sum
+  TG_DISPATCH_DEVICE(c, GemmKernels, gemm_fp16, group, a, transpose_a, b, transpose_b, c);
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b, MatmulPrecision precision) {
@@ -224,9 +220,13 @@ Tensor linear_impl(OpId op, const Tensor& x, const Tensor& w_in, const Tensor& b
   Shape out_shape = x.shape();
   out_shape.back() = out_features;
   Tensor y2 = empty({x2.shape()[0], out_features}, {x.dtype(), x.device()});
-  if (b.defined()) copy_into(y2, broadcast_view(name, b, y2.shape()));  // y = b, then y += x W^T
-  if (half) gemm_fp16_into(to_fp16({x2, w}), 0, false, 1, true, y2, b.defined());
-  else gemm_into(name, x2, transposed_view(w), y2, b.defined() ? 1.0 : 0.0, precision);
+  if (half) {  // y = x W^T, then y += b: cuBLAS's fp16 GEMMs take twice as long with beta = 1 (bench/NOTES.md)
+    gemm_fp16_into(to_fp16({x2, w}), 0, false, 1, true, y2);
+    if (b.defined()) add_into(y2, b);
+  } else {
+    if (b.defined()) copy_into(y2, broadcast_view(name, b, y2.shape()));  // y = b, then y += x W^T
+    gemm_into(name, x2, transposed_view(w), y2, b.defined() ? 1.0 : 0.0, precision);
+  }
   Tensor y = y2.view(out_shape);
   const GradMask m = autograd::grad_mask({x, w_in, b});
   return autograd::record(op, y, {x, w_in, b}, {autograd::keep_if(m[1], x2), autograd::keep_if(m[0], w)},

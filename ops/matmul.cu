@@ -164,7 +164,7 @@ __global__ void rescale_fp16_kernel(const __grid_constant__ Fp16Batch batch) {
   if (blockIdx.x == 0 && t == 0 && threadIdx.x < kMaxFp16Group * kMaxFp16Group) {
     const int i = threadIdx.x / kMaxFp16Group, j = threadIdx.x % kMaxFp16Group;
     if (i < batch.count && j < batch.count) batch.scalars[threadIdx.x] = 1.f / (scale(i) * scale(j));
-    if (threadIdx.x == 0) batch.scalars[kFp16Zero] = 0.f, batch.scalars[kFp16One] = 1.f;
+    if (threadIdx.x == 0) batch.scalars[kFp16Beta] = 0.f;
     if (threadIdx.x < batch.count)
       batch.scalars[kFp16BoundScales + threadIdx.x] = scale_below(__uint_as_float(batch.amax[threadIdx.x]), 14);
   }
@@ -250,14 +250,14 @@ void GemmKernels<Device::CUDA>::to_fp16(const std::vector<Tensor>& xs, const Fp1
 // as N and a transposed one as T, each with its stored row length as ld.
 template <>
 void GemmKernels<Device::CUDA>::gemm_fp16(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b,
-                                          const Tensor& c, bool accumulate) {
+                                          const Tensor& c) {
   using namespace cuda;
   const Fp16Matrix &A = group.matrices[a], &B = group.matrices[b];
   const int64_t n = c.size(0), m = c.size(1), k = transpose_a ? A.rows : A.cols;
   for (const int64_t v : {n, m, k, A.cols, B.cols})
     TG_CHECK(v <= INT32_MAX, "gemm_fp16: a size of ", v, " exceeds cuBLAS's int (", n, " x ", k, " @ ", k, " x ", m, ")");
   const float* alpha = group.scalars.data<float>() + a * kMaxFp16Group + b;
-  const float* beta = group.scalars.data<float>() + (accumulate ? kFp16One : kFp16Zero);
+  const float* beta = group.scalars.data<float>() + kFp16Beta;
   cublasHandle_t handle = cublas();
   TG_CUDA_CHECK(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_DEVICE), "gemm_fp16");
   const cublasStatus_t status = cublasGemmEx(

@@ -67,27 +67,24 @@ struct Fp16Matrix {
 };
 struct Fp16Group {
   std::vector<Fp16Matrix> matrices;
-  // float32: the alpha of pair (i, j) at i kMaxFp16Group + j; 0 and 1 (the
-  // GEMMs' betas) at kFp16Zero and kFp16One; at kFp16BoundScales + i, 2^b_i
-  // with max |x_i| 2^b_i in [2^13, 2^14), for bounds on products of the
-  // kernel's own (ops/fused_attention.cu)
+  // float32: the alpha of pair (i, j) at i kMaxFp16Group + j; 0 (beta) at
+  // kFp16Beta; at kFp16BoundScales + i, 2^b_i with max |x_i| 2^b_i in [2^13,
+  // 2^14), for bounds on products of the kernel's own (ops/fused_attention.cu)
   Tensor scalars;
 };
-constexpr int kFp16Zero = kMaxFp16Group * kMaxFp16Group, kFp16One = kFp16Zero + 1, kFp16BoundScales = kFp16One + 1,
+constexpr int kFp16Beta = kMaxFp16Group * kMaxFp16Group, kFp16BoundScales = kFp16Beta + 1,
               kFp16Scalars = kFp16BoundScales + kMaxFp16Group;
 Fp16Group to_fp16(const std::vector<Tensor>& xs);  // CUDA float32, contiguous 2-D
-// Untracked, CUDA: c = op(A) @ op(B) (+ c when accumulate) for matrices a and
-// b of the group, op(x) = x^T where transposed; fp32 accumulation and output,
-// c [n, m] contiguous.
-void gemm_fp16_into(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b, const Tensor& c,
-                    bool accumulate = false);
+// Untracked, CUDA: c = op(A) @ op(B) for matrices a and b of the group, op(x) =
+// x^T where transposed; fp32 accumulation and output, c [n, m] contiguous.
+void gemm_fp16_into(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b, const Tensor& c);
 
 template <Device D>
 struct GemmKernels {
   static void gemm(const GemmProblem& p);  // k >= 1
   static void to_fp16(const std::vector<Tensor>& xs, const Fp16Group& out);  // CUDA only
   static void gemm_fp16(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b,
-                        const Tensor& c, bool accumulate);  // CUDA only
+                        const Tensor& c);  // CUDA only
 };
 
 }  // namespace tg

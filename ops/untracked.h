@@ -10,6 +10,8 @@ namespace tg {
 // two overlap in memory (the source is staged through a copy).
 void copy_into(const Tensor& dst, const Tensor& src);
 void fill_into(const Tensor& dst, double value);
+// dst += b, b broadcast to dst's shape (same dtype and device); dst contiguous.
+void add_into(const Tensor& dst, const Tensor& b);
 // x itself when contiguous, else a contiguous copy.
 Tensor materialize(const Tensor& x);
 // The same, and also a copy when x does not start on a 16-byte boundary (for

@@ -175,7 +175,7 @@ TEST_CASE("cuda/gemm_fp16: a max the sample misses is converted again" * doctest
 
 // to_fp16's scalars: each matrix's storage scale s (alpha(i, i) = 1 / s^2)
 // puts its max in [2^8, 2^14), its bound scale b in [2^13, 2^14) (the
-// attention backward bounds dS with it), alpha(i, j) = 1 / (s_i s_j), betas 0 and 1.
+// attention backward bounds dS with it), alpha(i, j) = 1 / (s_i s_j), beta 0.
 // Magnitudes far apart, one whose sample sees everything (7 elements), an
 // all-zero one (scale 1).
 TEST_CASE("cuda/to_fp16: storage scales, bound scales and alphas" * doctest::skip(kNoGpu)) {
@@ -185,8 +185,7 @@ TEST_CASE("cuda/to_fp16: storage scales, bound scales and alphas" * doctest::ski
   for (const tg::Tensor& x : xs) on_gpu.push_back(x.cuda());
   const std::vector<double> sc = tg::to_fp16(on_gpu).scalars.cpu().to_vector();
   const int K = tg::kMaxFp16Group;
-  CHECK(sc[tg::kFp16Zero] == 0.0);
-  CHECK(sc[tg::kFp16One] == 1.0);
+  CHECK(sc[tg::kFp16Beta] == 0.0);
   for (int i = 0; i < 4; ++i) {
     CAPTURE(i);
     const double amax = max_abs_diff(xs[size_t(i)], tg::zeros_like(xs[size_t(i)])), s = 1 / std::sqrt(sc[size_t(i * K + i)]), b = sc[size_t(tg::kFp16BoundScales + i)];

@@ -8,6 +8,7 @@
 
 #include "helpers.h"
 #include "ops/matmul_kernels.h"
+#include "ops/untracked.h"
 
 using namespace tgtest;
 
@@ -95,6 +96,15 @@ TEST_CASE("forward/binary ops with broadcasting") {
   check_close((tg::from_vector({1, 2, 3}, {3, 1}, {tg::DType::Float64}) / tg::from_vector({4, 8}, {1, 2}, {tg::DType::Float64})).to_vector(),
               {0.25, 0.125, 0.5, 0.25, 0.75, 0.375});
   CHECK((a * 2.0 + 1.0).to_vector() == std::vector<double>{3, 5, 7, 9, 11, 13});
+}
+
+// The untracked in-place add behind linear_fp16's bias: b broadcast over
+// dst's rows, dst both an input and the output.
+TEST_CASE("forward/add_into adds a broadcast operand in place") {
+  const tg::Tensor dst = tg::from_vector({1, 2, 3, 4, 5, 6}, {2, 3}), b = tg::from_vector({10, 20, 30}, {3});
+  tg::add_into(dst, b);
+  CHECK(dst.to_vector() == std::vector<double>{11, 22, 33, 14, 25, 36});
+  CHECK_THROWS_WITH(tg::add_into(dst.transpose(0, 1), tg::ones({2})), doctest::Contains("add_into: dst [3,2] must be contiguous"));
 }
 
 TEST_CASE("forward/matmul") {
