@@ -59,6 +59,7 @@ Tensor binary_untracked(const char* name, BinaryOp op, const Tensor& a, const Te
 }  // namespace
 
 void add_into(const Tensor& dst, const Tensor& b) {
+  check_defined("add_into", "dst", dst);
   check_defined("add_into", "b", b);
   check_same_dtype_device("add_into", dst, b);
   TG_CHECK(dst.is_contiguous(), "add_into: dst ", dst.shape(), " must be contiguous");

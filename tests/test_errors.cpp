@@ -26,6 +26,12 @@ TEST_CASE("errors/linear") {
         "linear: x [2,3] and weight [4,5] do not agree on in_features (3 vs 5)");
   CHECK(error_of([] { tg::linear(tg::zeros({2, 3}), tg::zeros({4, 3}), tg::zeros({3})); }) ==
         "linear: bias [3] must be [4] for weight [4,3]");
+  CHECK(error_of([] { tg::linear_fp16(tg::zeros({2, 3}), tg::zeros({4, 5})); }) ==
+        "linear_fp16: x [2,3] and weight [4,5] do not agree on in_features (3 vs 5)");
+  CHECK(error_of([] { tg::linear_fp16(tg::zeros({2, 3}), tg::zeros({4, 3}), tg::zeros({3})); }) ==
+        "linear_fp16: bias [3] must be [4] for weight [4,3]");
+  CHECK(error_of([] { tg::linear_fp16(tg::zeros({2, 3}), tg::Tensor()); }) ==
+        "linear_fp16: argument 'weight' is an undefined tensor");
 }
 
 TEST_CASE("errors/views") {

@@ -105,6 +105,8 @@ TEST_CASE("forward/add_into adds a broadcast operand in place") {
   tg::add_into(dst, b);
   CHECK(dst.to_vector() == std::vector<double>{11, 22, 33, 14, 25, 36});
   CHECK_THROWS_WITH(tg::add_into(dst.transpose(0, 1), tg::ones({2})), doctest::Contains("add_into: dst [3,2] must be contiguous"));
+  CHECK_THROWS_WITH(tg::add_into(dst, tg::ones({2})), doctest::Contains("add_into: cannot expand shape [2] to [2,3]"));
+  CHECK_THROWS_WITH(tg::add_into(tg::Tensor(), b), doctest::Contains("add_into: argument 'dst' is an undefined tensor"));
 }
 
 TEST_CASE("forward/matmul") {
