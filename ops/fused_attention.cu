@@ -232,11 +232,16 @@ __device__ auto operand_rows(const HeadRows<const float>& f, const HeadRows<cons
 constexpr int kFwdRows = 64, kFwdKeys = 64, kFwdThreads = 128;
 
 // The forward's shared memory, in bytes: Q, K, V (Mma::Staged), the float
-// corner of edit_region_bias, then e_j and the key flags.
+// corner of edit_region_bias, then e_j and the key flags. kMinCtasPerSm, the
+// launch bound: with fp16 tiles four CTAs per SM (45 KB each; ptxas fits the
+// kernel in 128 registers, where unbounded it took 130, which allowed
+// three); with 3xTF32 none (0: 139 registers, three per SM; a bound of one
+// or three made ptxas spill).
 template <class Mma>
 struct ForwardLayout {
   using Staged = typename Mma::Staged;
   static constexpr bool kHalf = sizeof(Staged) == 2;
+  static constexpr int kMinCtasPerSm = kHalf ? 4 : 0;
   static constexpr int kTileStride = kHalf ? kHalfStride : kStride;
   static constexpr size_t kTile = size_t(64) * kTileStride * sizeof(Staged);
   static constexpr size_t kQ = 0, kK = kTile, kV = 2 * kTile, kE = 3 * kTile,
@@ -253,7 +258,7 @@ struct ForwardArgs {
 };
 
 template <class Mma>
-__global__ void __launch_bounds__(kFwdThreads) attention_forward_kernel(ForwardArgs p) {
+__global__ void __launch_bounds__(kFwdThreads, ForwardLayout<Mma>::kMinCtasPerSm) attention_forward_kernel(ForwardArgs p) {
   using Layout = ForwardLayout<Mma>;
   using Staged = typename Layout::Staged;
   constexpr bool kHalf = Layout::kHalf;
