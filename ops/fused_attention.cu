@@ -886,19 +886,25 @@ decltype(auto) with_backward_policy(MatmulPrecision precision, bool read, F&& f)
   return f(Tf32x3{}, std::false_type{});
 }
 
-// The backward's grid: key tiles, and CTAs per key tile (splits), each
-// walking every splits-th query tile: enough CTAs for two waves, splitting
-// the query tiles when the keys alone give too few (d not empty).
 struct BackwardGrid {
   int64_t key_tiles;
   int splits;
 };
 
+// The backward's grid: key tiles, and CTAs per key tile (splits), each
+// walking every splits-th query tile (d not empty). A CTA's time is modelled
+// as a fixed part worth about one query tile plus its tiles, and the kernel's
+// as the CTA's time per wave of kCtasPerSm CTAs on every SM: the splits that
+// minimise waves x (1 + tiles per CTA), the fewest on a tie.
 template <class Mma>
 BackwardGrid backward_grid(const AttentionDims& d) {
   const int64_t key_tiles = (d.S + kBwdKeys - 1) / kBwdKeys, query_tiles = (d.S + kBwdRows - 1) / kBwdRows;
-  const int64_t ctas = key_tiles * d.B * d.H, want = 2 * BackwardLayout<Mma>::kCtasPerSm * int64_t(context().sm_count);
-  return {key_tiles, static_cast<int>(std::clamp<int64_t>((want + ctas - 1) / ctas, 1, query_tiles))};
+  const int64_t ctas = key_tiles * d.B * d.H, slots = BackwardLayout<Mma>::kCtasPerSm * int64_t(context().sm_count);
+  const auto cost = [&](int64_t s) { return ((ctas * s + slots - 1) / slots) * (1 + (query_tiles + s - 1) / s); };
+  int64_t best = 1;
+  for (int64_t s = 2; s <= query_tiles; ++s)
+    if (cost(s) < cost(best)) best = s;
+  return {key_tiles, static_cast<int>(best)};
 }
 
 template <class Mma, bool kRead>
