@@ -112,4 +112,10 @@ __device__ T block_sum(T v) {
   return block_reduce(v, [](T a, T b) { return a + b; }, T(0));
 }
 
+// The block's largest value, for values >= 0 (0 the identity: a block of
+// no values gives 0).
+__device__ inline float block_max(float v) {
+  return block_reduce(v, [](float a, float b) { return fmaxf(a, b); }, 0.f);
+}
+
 }  // namespace tg::cuda

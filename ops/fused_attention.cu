@@ -221,6 +221,18 @@ __device__ auto operand_rows(const HeadRows<const float>& f, const HeadRows<cons
   else return f;
 }
 
+// The operand tiles of both kernels, 64 rows of Mma::Staged (fp16 rows of
+// kHalfStride, or float rows of kStride), and the float tiles of 64 rows of
+// kStride.
+template <class Mma>
+struct TileLayout {
+  using Staged = typename Mma::Staged;
+  static constexpr bool kHalf = sizeof(Staged) == 2;
+  static constexpr int kTileStride = kHalf ? kHalfStride : kStride;
+  static constexpr size_t kTile = size_t(64) * kTileStride * sizeof(Staged), kFloatTile = 64 * kStride * sizeof(float);
+  static_assert(kTile % 16 == 0 && kFloatTile % 16 == 0, "tiles start on 16-byte boundaries");
+};
+
 // ---------------------------------------------------------------- forward
 // One CTA per (64 queries, b, h), 4 warps of 16 query rows each; key tiles of
 // 64. Per warp and tile: S = Q K^T (8 n-tiles), the online softmax, dropout,
@@ -238,15 +250,11 @@ constexpr int kFwdRows = 64, kFwdKeys = 64, kFwdThreads = 128;
 // three); with 3xTF32 none (0: 139 registers, three per SM; a bound of one
 // or three made ptxas spill).
 template <class Mma>
-struct ForwardLayout {
-  using Staged = typename Mma::Staged;
-  static constexpr bool kHalf = sizeof(Staged) == 2;
-  static constexpr int kMinCtasPerSm = kHalf ? 4 : 0;
-  static constexpr int kTileStride = kHalf ? kHalfStride : kStride;
-  static constexpr size_t kTile = size_t(64) * kTileStride * sizeof(Staged);
-  static constexpr size_t kQ = 0, kK = kTile, kV = 2 * kTile, kE = 3 * kTile,
-                          kKeys = kE + size_t(64) * kStride * sizeof(float), kBytes = kKeys + 2 * kFwdKeys * sizeof(float);
-  static_assert(kTile % 16 == 0, "tiles start on 16-byte boundaries");
+struct ForwardLayout : TileLayout<Mma> {
+  using T = TileLayout<Mma>;
+  static constexpr int kMinCtasPerSm = T::kHalf ? 4 : 0;
+  static constexpr size_t kQ = 0, kK = T::kTile, kV = 2 * T::kTile, kE = 3 * T::kTile,
+                          kKeys = kE + T::kFloatTile, kBytes = kKeys + 2 * kFwdKeys * sizeof(float);
 };
 
 struct ForwardArgs {
@@ -391,21 +399,19 @@ static_assert(kBwdKeys == 16 * (kBwdThreads / 32) && kBwdRows == kBwdKeys,
 
 // The backward's shared memory, in bytes: the operand tiles K, V, Q and dO
 // (Mma::Staged), then float tiles: dS (P or E in, dS out) and a second one,
-// K^T for the 3xTF32 dQ product or, with fp16 tiles, the Pd tile (3xTF32
-// stages Pd where K was, once K^T is made; unused with fp16 tiles in
-// training); then per-query and per-key vectors.
-template <class Mma>
-struct BackwardLayout {
-  using Staged = typename Mma::Staged;
-  static constexpr bool kHalf = sizeof(Staged) == 2;
-  static constexpr int kTileStride = kHalf ? kHalfStride : kStride;
-  static constexpr int kCtasPerSm = kHalf ? 3 : 2;
-  static constexpr size_t kTile = size_t(64) * kTileStride * sizeof(Staged), kFloatTile = 64 * kStride * sizeof(float);
-  static constexpr size_t kK = 0, kV = kTile, kQ = 2 * kTile, kDO = 3 * kTile, kDS = 4 * kTile,
-                          kSecond = kDS + kFloatTile, kSums = kSecond + kFloatTile,  // q_sums: doubles first
+// K^T for the 3xTF32 dQ product or, with fp16 tiles and kRead, the Pd tile
+// (3xTF32 stages Pd where K was, once K^T is made; fp16 tiles in training
+// have none); then per-query and per-key vectors.
+template <class Mma, bool kRead>
+struct BackwardLayout : TileLayout<Mma> {
+  using T = TileLayout<Mma>;
+  static constexpr int kCtasPerSm = T::kHalf ? 3 : 2;
+  static constexpr bool kSecondTile = !T::kHalf || kRead;
+  static constexpr size_t kK = 0, kV = T::kTile, kQ = 2 * T::kTile, kDO = 3 * T::kTile, kDS = 4 * T::kTile,
+                          kSecond = kDS + T::kFloatTile,
+                          kSums = kSecond + (kSecondTile ? T::kFloatTile : 0),  // q_sums: doubles first
       kRows = kSums + 4 * kBwdRows * sizeof(double), kKeys = kRows + 3 * kBwdRows * sizeof(float),
                           kBytes = kKeys + 2 * kBwdKeys * sizeof(float);
-  static_assert(kTile % 16 == 0 && kFloatTile % 16 == 0, "tiles start on 16-byte boundaries");
 };
 
 
@@ -443,7 +449,7 @@ template <class Mma>
 __device__ BackwardScales backward_scales(const BackwardArgs& p) {
   BackwardScales f;
   f.dk = f.dq = p.sc.scale;
-  if constexpr (BackwardLayout<Mma>::kHalf) {
+  if constexpr (TileLayout<Mma>::kHalf) {
     const HalfOperands& h = p.half;
     f.qk = h.inverse_scale(kHalfQ) * h.inverse_scale(kHalfK);
     f.dpd = h.inverse_scale(kHalfV) * h.inverse_scale(kHalfDO);
@@ -498,9 +504,9 @@ __device__ __forceinline__ void add_warp_row_sums(const float* tile, int stride,
 //   A = sum_j P dP e_j,  B = sum_j P dP (1 - e_j),  m = sum_j P e_j,  n = sum_j P (1 - e_j)
 // (P dP = Pd dPd), which finish_edit_bias_sums combines (docs/derivations.md).
 template <class Mma, bool kRead>
-__global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
+__global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtasPerSm)
     attention_backward_kernel(BackwardArgs p) {
-  using Layout = BackwardLayout<Mma>;
+  using Layout = BackwardLayout<Mma, kRead>;
   using Staged = typename Layout::Staged;
   constexpr bool kHalf = Layout::kHalf, kRowSums = kRead && Mma::kHighest;
   constexpr int kTs = Layout::kTileStride;
@@ -511,7 +517,7 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma>::kCtasPerSm)
   Staged* Qs = reinterpret_cast<Staged*>(at(Layout::kQ));     // [query][d]
   Staged* dOs = reinterpret_cast<Staged*>(at(Layout::kDO));   // [query][d]
   float* dSs = reinterpret_cast<float*>(at(Layout::kDS));     // [query][key]: P (kRead) or E, then dS
-  float* KTs = reinterpret_cast<float*>(at(Layout::kSecond));  // [d][key] (float tiles)
+  float* KTs = Layout::kSecondTile ? reinterpret_cast<float*>(at(Layout::kSecond)) : nullptr;  // [d][key] (float tiles)
   float* Pds = kHalf ? KTs : reinterpret_cast<float*>(Ks);    // [query][key] with kRead
   double* q_sums = reinterpret_cast<double*>(at(Layout::kSums));  // [4][query]: see kRowSums
   float* q_lse = reinterpret_cast<float*>(at(Layout::kRows));
@@ -899,7 +905,7 @@ struct BackwardGrid {
 template <class Mma>
 BackwardGrid backward_grid(const AttentionDims& d) {
   const int64_t key_tiles = (d.S + kBwdKeys - 1) / kBwdKeys, query_tiles = (d.S + kBwdRows - 1) / kBwdRows;
-  const int64_t ctas = key_tiles * d.B * d.H, slots = BackwardLayout<Mma>::kCtasPerSm * int64_t(context().sm_count);
+  const int64_t ctas = key_tiles * d.B * d.H, slots = BackwardLayout<Mma, false>::kCtasPerSm * int64_t(context().sm_count);
   const auto cost = [&](int64_t s) { return ((ctas * s + slots - 1) / slots) * (1 + (query_tiles + s - 1) / s); };
   int64_t best = 1;
   for (int64_t s = 2; s <= query_tiles; ++s)
@@ -909,7 +915,7 @@ BackwardGrid backward_grid(const AttentionDims& d) {
 
 template <class Mma, bool kRead>
 void launch_backward(const AttentionInputs& in, const AttentionGradTensors& g) {
-  using Layout = BackwardLayout<Mma>;
+  using Layout = BackwardLayout<Mma, kRead>;
   const AttentionDims d = in.d;
   const auto [key_tiles, splits] = backward_grid<Mma>(d);
   TG_CHECK(g.keys_zeroed || splits == 1, "fused_attention_backward: dk and dv are not zeroed, but ", splits,

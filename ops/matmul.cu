@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(kFp16Samples) sample_scale_kernel(const __grid
   float m = 0.f;
   for (int64_t k = threadIdx.x; k < kFp16Samples && k < n; k += blockDim.x)
     m = fmaxf(m, finite_abs(batch.x[t][fp16_sample_index(k, n)]));
-  m = block_reduce(m, [](float p, float q) { return fmaxf(p, q); }, 0.f);
+  m = block_max(m);
   if (threadIdx.x == 0) {
     batch.amax[t] = 0u;
     batch.first_scale[t] = scale_below(m, 9);
@@ -151,7 +151,7 @@ __device__ float convert(const Fp16Batch& batch, int t, float scale) {
 __global__ void to_fp16_kernel(const __grid_constant__ Fp16Batch batch) {
   const int t = blockIdx.y;
   float m = convert(batch, t, batch.first_scale[t]);
-  m = block_reduce(m, [](float p, float q) { return fmaxf(p, q); }, 0.f);
+  m = block_max(m);
   if (threadIdx.x == 0) atomicMax(&batch.amax[t], __float_as_uint(m));
 }
 
