@@ -99,8 +99,9 @@ TEST_CASE("fused/benchmark interface at benchmark sizes: high under the benchmar
   tg::manual_seed(101);
   for (const auto& [S, B, atol] : std::vector<std::tuple<int64_t, int64_t, double>>{
            {1024, 1, 0.026}, {773, 32, 0.14}, {128, 64, 0.089}, {293, 32, 0.092}, {373, 1, 0.019},
-           // Not a benchmark case (atol near 176/16's, B S = 2816): 640 key-tile CTAs, which "high"
-           // splits (fp16 tiles, 3 CTAs per SM on an H200) and "highest" does not (2 per SM).
+           // Not a benchmark case (atol near 176/16's, B S = 2816): 640 key-tile CTAs, one split at
+           // either precision. Split query tiles: 1024/1 (3 CTAs per key tile at "high": 6, 5 and 5
+           // tiles) and 373/1 (3 at "high", 2 at "highest"; backward_grid on an H200).
            {128, 20, 0.06}}) {
     CAPTURE(S);
     CAPTURE(B);
