@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "capi/c_api_internal.h"
 #include "core/cuda.h"
 #include "core/error.h"
 #include "ops/copy.h"
@@ -29,6 +30,23 @@ Sizes check_sizes(int64_t B, int64_t S, int64_t C, int64_t H, int64_t M) {
   TG_CHECK(C % H == 0, op, ": hidden ", C, " is not divisible by heads ", H);
   TG_CHECK(S <= M, op, ": seq_len ", S, " exceeds max_positions ", M);
   return {B, S, C, H, M};
+}
+
+// Repeated calls with the same arguments replay a CUDA graph (GraphReplay in
+// core/cuda.h): everything a call reads besides the device memory's contents.
+tg::cuda::GraphReplay& replay() {
+  static auto* r = new tg::cuda::GraphReplay;  // never destroyed: its graph may be in flight at exit
+  return *r;
+}
+
+std::string replay_key(const float* const* in, float* const* out, float scale, float p, Sizes z,
+                       tg_precision precision, void* stream) {
+  std::string key;
+  const auto add = [&](const auto& v) { key.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+  for (int i = 0; i < kInputs; ++i) add(in[i]);
+  for (int i = 0; i < kOutputs; ++i) add(out[i]);
+  add(scale), add(p), add(z), add(precision), add(stream);
+  return key;
 }
 
 tg::Tensor on_device(const float* p, const tg::Shape& shape) {
@@ -78,12 +96,14 @@ void run(const float* const* in, float scale, float p, Sizes z, float* const* ou
   for (size_t o = 0; o < outs.size(); ++o)
     for (size_t i = 0; i < ins.size(); ++i)
       TG_CHECK(!tg::bytes_overlap(outs[o], ins[i]), op, ": output ", o, " overlaps input ", i, " (inputs must not change)");
-  const tg::cuda::StreamGuard guard(stream);
-  tg::fused::region_attention_backward_into(
-      x, scale, p, precision == TG_PRECISION_HIGH ? tg::MatmulPrecision::High : tg::MatmulPrecision::Highest, g);
+  const tg::MatmulPrecision mp = precision == TG_PRECISION_HIGH ? tg::MatmulPrecision::High : tg::MatmulPrecision::Highest;
+  replay().run(replay_key(in, out, scale, p, z, precision, stream), stream,
+               [&] { tg::fused::region_attention_backward_into(x, scale, p, mp, g); });
 }
 
 }  // namespace
+
+std::size_t tg::capi::graph_launches() { return replay().launches(); }
 
 extern "C" int tg_region_attention_backward(const float* const* inputs, float scale, float dropout_p, int64_t batch,
                                             int64_t seq_len, int64_t hidden, int64_t heads, int64_t max_positions,

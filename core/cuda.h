@@ -2,6 +2,8 @@
 // function here exists in CPU-only builds too: is_available() is then false.
 #pragma once
 #include <cstddef>
+#include <functional>
+#include <memory>
 #include <string>
 
 namespace tg::cuda {
@@ -44,6 +46,35 @@ class StreamGuard {
  private:
   void* previous_;
   bool had_previous_;
+};
+
+// Repeated calls replayed from a CUDA graph (the C API's backward, whose
+// small cases take as long to queue as to run). run(key, stream, work) queues
+// `work` (tapegrad calls, on cuda::stream()) on `stream`: the first call with
+// a key runs it there; the second on a private stream, joined to `stream` by
+// events, which fills the allocator's cache of that stream; the third
+// captures it there into a graph and launches the graph, and later calls with
+// the same key launch it again. A key must name everything the work reads
+// beyond the contents of device memory (pointers, sizes, scalars). The
+// graph's temporaries are the private stream's cached blocks: only a later
+// capture on that stream reuses them (after the graph's launches, in that
+// stream's order), and a release of the cache (empty_cache, or a cudaMalloc
+// that failed) drops the graph. `work` runs directly on `stream`, never
+// captured, while `stream` is itself being captured, with TG_CUDA_SYNC=1,
+// without the cache (TG_CUDA_NO_CACHING=1), with TG_CUDA_GRAPHS=0, or when
+// its capture failed.
+class GraphReplay {
+ public:
+  GraphReplay();
+  ~GraphReplay();
+  GraphReplay(const GraphReplay&) = delete;
+  GraphReplay& operator=(const GraphReplay&) = delete;
+  void run(const std::string& key, void* stream, const std::function<void()>& work);
+  std::size_t launches() const;  // calls served by launching a graph
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
 };
 
 // Synchronous debug mode: synchronise after every op so that an asynchronous

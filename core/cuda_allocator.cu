@@ -84,6 +84,10 @@ class CachingAllocator {
     std::lock_guard<std::mutex> lock(mutex_);
     stats_.peak_allocated = stats_.allocated;
   }
+  std::size_t releases() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return releases_;
+  }
 
  private:
   // Blocks are cached per (stream, size): the stream orders a block's old
@@ -106,6 +110,7 @@ class CachingAllocator {
   }
 
   void release_cached() {
+    ++releases_;
     for (auto& [bucket, blocks] : free_)
       for (void* p : blocks) {
         TG_CUDA_CHECK(cudaFree(p), "cuda allocator (release cache)");
@@ -138,6 +143,7 @@ class CachingAllocator {
   std::unordered_map<Bucket, std::vector<void*>, BucketHash> free_;
   std::unordered_map<void*, Bucket> live_;
   MemoryStats stats_;
+  std::size_t releases_ = 0;
 };
 
 // Never destroyed: tensors freed during static destruction still return here.
@@ -150,6 +156,7 @@ CachingAllocator& allocator() {
 
 void* allocate(std::size_t nbytes) { return allocator().allocate(nbytes); }
 void deallocate(void* p) { allocator().deallocate(p); }
+std::size_t cache_releases() { return allocator().releases(); }
 MemoryStats memory_stats() { return allocator().stats(); }
 void empty_cache() { allocator().empty_cache(); }
 void reset_peak_memory_stats() { allocator().reset_peak(); }

@@ -13,5 +13,8 @@ namespace tg::cuda {
 
 void* allocate(std::size_t nbytes);
 void deallocate(void* ptr);
+// How many times the cache was returned to the driver (empty_cache, or a
+// cudaMalloc that failed): a CUDA graph over cached blocks is stale after one.
+std::size_t cache_releases();
 
 }  // namespace tg::cuda

@@ -17,5 +17,10 @@ std::size_t allocation_size(std::size_t) { return no_cuda_backend<std::size_t>()
 bool sync_debug() { return false; }
 StreamGuard::StreamGuard(void*) : previous_(nullptr), had_previous_(false) { no_cuda_backend(); }
 StreamGuard::~StreamGuard() = default;
+struct GraphReplay::State {};
+GraphReplay::GraphReplay() = default;
+GraphReplay::~GraphReplay() = default;
+void GraphReplay::run(const std::string&, void*, const std::function<void()>&) { no_cuda_backend(); }
+std::size_t GraphReplay::launches() const { return 0; }
 
 }  // namespace tg::cuda

@@ -5,11 +5,13 @@
 // capture. Every device allocation is poisoned with NaN (tests/main_cuda.cpp).
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <map>
 #include <string>
 
 #include "attention_problem.h"
 #include "cuda_helpers.h"
+#include "capi/c_api_internal.h"
 #include "include/tapegrad/c_api.h"
 #ifdef TG_CUDA
 #include "core/cuda_context.h"
@@ -343,5 +345,50 @@ TEST_CASE("fused/C API: results, errors that write nothing, a caller's stream, g
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+// Repeated calls with the same arguments (core/cuda.h, GraphReplay): the
+// first runs directly, the second on the C API's private stream, the third
+// captures a graph and launches it, later ones launch it. Every call gets new
+// values in the same input buffers and NaN in its outputs first, so a replay
+// must read its inputs anew and write every output. The caller's stream is
+// the legacy default stream, which cannot be captured itself.
+TEST_CASE("fused/C API: repeated calls replay a CUDA graph that reads each call's inputs" * doctest::skip(kNoGpu)) {
+  tg::manual_seed(106);
+  const Spec s{2, 100, 128, 2, 120};
+  const BackwardInputs in = make_backward_inputs(s);
+  const double scale = 1 / std::sqrt(64.0);
+  const std::vector<tg::Tensor> buffers = inputs_of(in);
+  std::vector<tg::Tensor> outs, other_outs;
+  for (const tg::Tensor& t : outputs_of(tg::fused::region_attention_backward(in, scale, s.p, tg::MatmulPrecision::High))) {
+    outs.push_back(tg::empty(t.shape(), {tg::DType::Float32, tg::Device::CUDA}));
+    other_outs.push_back(tg::empty(t.shape(), {tg::DType::Float32, tg::Device::CUDA}));
+  }
+  std::vector<const float*> ip;
+  for (const tg::Tensor& t : buffers) ip.push_back(t.data<float>());
+  const auto pointers = [](const std::vector<tg::Tensor>& ts) {
+    std::vector<float*> p;
+    for (const tg::Tensor& t : ts) p.push_back(t.data<float>());
+    return p;
+  };
+  const std::vector<float*> op = pointers(outs), other_op = pointers(other_outs);
+  const char* env = std::getenv("TG_CUDA_GRAPHS");
+  const bool graphs = tg::cuda::caching_enabled() && !tg::cuda::sync_debug() && !(env && std::string(env) == "0");
+  const std::size_t launches_before = tg::capi::graph_launches();
+  for (int call = 1; call <= 6; ++call) {
+    CAPTURE(call);
+    const BackwardInputs fresh = make_backward_inputs(s);
+    const std::vector<tg::Tensor> values = inputs_of(fresh);
+    for (size_t i = 0; i < buffers.size(); ++i) tg::Tensor(buffers[i]).copy_(values[i]);
+    const std::vector<tg::Tensor>& got = call < 6 ? outs : other_outs;  // call 6: new output pointers, a new key
+    for (const tg::Tensor& t : got) tg::Tensor(t).fill_(NAN);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);  // tapegrad's stream does not wait for the legacy stream
+    REQUIRE(tg_region_attention_backward(ip.data(), float(scale), float(s.p), s.B, s.S, s.C, s.H, s.M,
+                                         (call < 6 ? op : other_op).data(), TG_PRECISION_HIGH, nullptr) == 0);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    const auto want = outputs_of(tg::fused::region_attention_backward(in, scale, s.p, tg::MatmulPrecision::High));
+    for (size_t i = 0; i < got.size(); ++i) CHECK(relative_error(got[i], want[i]) < 1e-5);
+    CHECK(tg::capi::graph_launches() - launches_before == (graphs ? std::clamp(call - 2, 0, 3) : 0));
+  }
 }
 #endif
