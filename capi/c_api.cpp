@@ -4,6 +4,7 @@
 #include "include/tapegrad/c_api.h"
 
 #include <exception>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -32,20 +33,24 @@ Sizes check_sizes(int64_t B, int64_t S, int64_t C, int64_t H, int64_t M) {
   return {B, S, C, H, M};
 }
 
-// Repeated calls with the same arguments replay a CUDA graph (GraphReplay in
-// core/cuda.h): everything a call reads besides the device memory's contents.
+// Repeated calls with the same arguments replay a CUDA graph (GraphReplay in core/cuda.h).
 tg::cuda::GraphReplay& replay() {
   static auto* r = new tg::cuda::GraphReplay;  // never destroyed: its graph may be in flight at exit
   return *r;
 }
 
+// Everything a call reads besides the contents of device memory.
 std::string replay_key(const float* const* in, float* const* out, float scale, float p, Sizes z,
                        tg_precision precision, void* stream) {
   std::string key;
   const auto add = [&](const auto& v) { key.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
   for (int i = 0; i < kInputs; ++i) add(in[i]);
   for (int i = 0; i < kOutputs; ++i) add(out[i]);
-  add(scale), add(p), add(z), add(precision), add(stream);
+  add(scale);
+  add(p);
+  add(z);
+  add(precision);
+  add(stream);
   return key;
 }
 
@@ -97,6 +102,9 @@ void run(const float* const* in, float scale, float p, Sizes z, float* const* ou
     for (size_t i = 0; i < ins.size(); ++i)
       TG_CHECK(!tg::bytes_overlap(outs[o], ins[i]), op, ": output ", o, " overlaps input ", i, " (inputs must not change)");
   const tg::MatmulPrecision mp = precision == TG_PRECISION_HIGH ? tg::MatmulPrecision::High : tg::MatmulPrecision::Highest;
+  // One call at a time: the calls share tapegrad's cuBLAS handle, whose stream each GEMM sets.
+  static std::mutex one_call;
+  const std::lock_guard<std::mutex> lock(one_call);
   replay().run(replay_key(in, out, scale, p, z, precision, stream), stream,
                [&] { tg::fused::region_attention_backward_into(x, scale, p, mp, g); });
 }

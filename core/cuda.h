@@ -54,15 +54,18 @@ class StreamGuard {
 // a key runs it there; the second on a private stream, joined to `stream` by
 // events, which fills the allocator's cache of that stream; the third
 // captures it there into a graph and launches the graph, and later calls with
-// the same key launch it again. A key must name everything the work reads
-// beyond the contents of device memory (pointers, sizes, scalars). The
-// graph's temporaries are the private stream's cached blocks: only a later
-// capture on that stream reuses them (after the graph's launches, in that
-// stream's order), and a release of the cache (empty_cache, or a cudaMalloc
-// that failed) drops the graph. `work` runs directly on `stream`, never
-// captured, while `stream` is itself being captured, with TG_CUDA_SYNC=1,
-// without the cache (TG_CUDA_NO_CACHING=1), with TG_CUDA_GRAPHS=0, or when
-// its capture failed.
+// the same key launch it again. The key must name everything the work reads
+// besides the contents of device memory (pointers, sizes, scalars), the work
+// must write only memory the key names, and it must free every tensor it
+// allocates before it returns (checked: otherwise the key is never captured).
+// The graph's temporaries are the private stream's cached blocks, pinned
+// while the graph lives (allocator pin_stream): only later work on that
+// stream reuses them, after the graph's launches in that stream's order.
+// `work` runs directly on `stream`, never captured, while `stream` is itself
+// being captured, when graph_replay_enabled() is false, from another device
+// than the private stream's, and for a key whose capture failed three times.
+// Calls on one GraphReplay are serialised by a lock.
+bool graph_replay_enabled();  // not with TG_CUDA_GRAPHS=0, TG_CUDA_SYNC=1 or TG_CUDA_NO_CACHING=1
 class GraphReplay {
  public:
   GraphReplay();

@@ -4,6 +4,7 @@
 #include <string>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "core/cuda.h"
 #include "core/cuda_allocator.h"
@@ -84,9 +85,10 @@ class CachingAllocator {
     std::lock_guard<std::mutex> lock(mutex_);
     stats_.peak_allocated = stats_.allocated;
   }
-  std::size_t releases() {
+  void pin(cudaStream_t s, bool on) {
     std::lock_guard<std::mutex> lock(mutex_);
-    return releases_;
+    if (on) pinned_.insert(s);
+    else pinned_.erase(s);
   }
 
  private:
@@ -110,13 +112,18 @@ class CachingAllocator {
   }
 
   void release_cached() {
-    ++releases_;
-    for (auto& [bucket, blocks] : free_)
+    for (auto it = free_.begin(); it != free_.end();) {
+      const auto& [bucket, blocks] = *it;
+      if (pinned_.count(bucket.stream)) {
+        ++it;
+        continue;
+      }
       for (void* p : blocks) {
         TG_CUDA_CHECK(cudaFree(p), "cuda allocator (release cache)");
         stats_.reserved -= bucket.size;
       }
-    free_.clear();
+      it = free_.erase(it);
+    }
   }
 
   void* device_malloc(std::size_t size) {
@@ -143,7 +150,7 @@ class CachingAllocator {
   std::unordered_map<Bucket, std::vector<void*>, BucketHash> free_;
   std::unordered_map<void*, Bucket> live_;
   MemoryStats stats_;
-  std::size_t releases_ = 0;
+  std::unordered_set<cudaStream_t> pinned_;  // see pin_stream
 };
 
 // Never destroyed: tensors freed during static destruction still return here.
@@ -156,7 +163,8 @@ CachingAllocator& allocator() {
 
 void* allocate(std::size_t nbytes) { return allocator().allocate(nbytes); }
 void deallocate(void* p) { allocator().deallocate(p); }
-std::size_t cache_releases() { return allocator().releases(); }
+void pin_stream(void* s) { allocator().pin(static_cast<cudaStream_t>(s), true); }
+void unpin_stream(void* s) { allocator().pin(static_cast<cudaStream_t>(s), false); }
 MemoryStats memory_stats() { return allocator().stats(); }
 void empty_cache() { allocator().empty_cache(); }
 void reset_peak_memory_stats() { allocator().reset_peak(); }

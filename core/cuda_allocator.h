@@ -13,8 +13,10 @@ namespace tg::cuda {
 
 void* allocate(std::size_t nbytes);
 void deallocate(void* ptr);
-// How many times the cache was returned to the driver (empty_cache, or a
-// cudaMalloc that failed): a CUDA graph over cached blocks is stale after one.
-std::size_t cache_releases();
+// Blocks cached for a pinned stream stay cached through empty_cache and the
+// retry after a failed cudaMalloc: a CUDA graph captured on that stream
+// writes them (GraphReplay pins its private stream while it holds a graph).
+void pin_stream(void* stream);
+void unpin_stream(void* stream);
 
 }  // namespace tg::cuda

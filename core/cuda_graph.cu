@@ -1,5 +1,6 @@
 // GraphReplay (core/cuda.h): repeated calls replayed from a CUDA graph.
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -11,52 +12,122 @@
 
 namespace tg::cuda {
 
+namespace {
+
+constexpr int kMaxFailedCaptures = 3;  // then a key runs directly for good
+
+// For calls whose failure leaves nothing to undo (destroying a graph).
+void report_failure(cudaError_t status, const char* call) {
+  if (status != cudaSuccess) std::fprintf(stderr, "tapegrad: graph replay: %s failed: %s\n", call, cudaGetErrorString(status));
+}
+
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) == cudaSuccess) return status != cudaStreamCaptureStatusNone;
+  cudaGetLastError();  // e.g. the legacy stream while another stream captures: treated as capturing
+  return true;
+}
+
+int current_device() {
+  int device = 0;
+  TG_CUDA_CHECK(cudaGetDevice(&device), "graph replay");
+  return device;
+}
+
+}  // namespace
+
+bool graph_replay_enabled() {
+  static const bool off = [] {
+    const char* v = std::getenv("TG_CUDA_GRAPHS");
+    return v && std::string(v) == "0";
+  }();
+  return !off && caching_enabled() && !sync_debug();
+}
+
 struct GraphReplay::State {
   std::mutex mutex;
   std::string key;                 // the key of the calls in a row
-  int calls = 0;                   // how many calls in a row had it
-  bool direct = false;             // its capture failed: run directly
+  int calls = 0;                   // how many calls in a row had it (counted up to 3)
+  int failed_captures = 0;         // of this key
+  bool keeps_memory = false;       // its work left blocks allocated: never captured
   cudaGraphExec_t exec = nullptr;  // its graph, once captured
-  std::size_t releases = 0;        // cache_releases() when captured
   std::size_t launches = 0;
+  int device = -1;                 // the private stream's
   cudaStream_t side = nullptr;     // the private stream
   cudaEvent_t fork = nullptr, join = nullptr;
 
-  void drop_graph() {
-    if (exec) cudaGraphExecDestroy(exec);  // a launch in flight completes first
-    exec = nullptr;
+  bool runs_directly() const { return calls == 1 || failed_captures >= kMaxFailedCaptures || keeps_memory; }
+
+  void start(const std::string& k) {
+    drop_graph();
+    key = k;
+    calls = failed_captures = 0;
+    keeps_memory = false;
   }
+
+  void drop_graph() {
+    if (!exec) return;
+    report_failure(cudaGraphExecDestroy(exec), "cudaGraphExecDestroy");  // a launch in flight completes first
+    exec = nullptr;
+    unpin_stream(side);  // its blocks may go once the device is synchronised (as empty_cache does first)
+  }
+
   void make_stream() {
     if (side) return;
-    TG_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), "graph replay");
-    TG_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), "graph replay");
-    TG_CUDA_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), "graph replay");
+    cudaStream_t s = nullptr;
+    cudaEvent_t f = nullptr, j = nullptr;
+    TG_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "graph replay");
+    TG_CUDA_CHECK(cudaEventCreateWithFlags(&f, cudaEventDisableTiming), "graph replay");
+    TG_CUDA_CHECK(cudaEventCreateWithFlags(&j, cudaEventDisableTiming), "graph replay");
+    device = current_device();
+    side = s;
+    fork = f;
+    join = j;
   }
-  // Captures `work` on the private stream into `exec`; false (nothing
-  // captured, no error left behind) where the capture or instantiation fails.
-  bool capture(const std::function<void()>& work) {
-    cudaGraph_t graph = nullptr;
-    if (cudaStreamBeginCapture(side, cudaStreamCaptureModeRelaxed) != cudaSuccess) return cudaGetLastError(), false;
-    bool ok = true;
-    try {
+
+  // The second call: fills the private stream's cache with the blocks the
+  // capture will take, and checks that the work returns them all.
+  void warm(const std::function<void()>& work) {
+    const std::size_t live = memory_stats().live_blocks;
+    {
       const StreamGuard guard(side);
       work();
-    } catch (...) {  // e.g. a call that capture does not allow
-      ok = false;
     }
-    ok = cudaStreamEndCapture(side, &graph) == cudaSuccess && ok;
+    keeps_memory = memory_stats().live_blocks != live;
+  }
+
+  // Captures `work` on the private stream into `exec`, with the stream's
+  // blocks pinned from before the work returns them; false (nothing captured,
+  // nothing pinned, no error left behind) where the capture fails.
+  bool capture(const std::function<void()>& work) {
+    pin_stream(side);
+    cudaGraph_t graph = nullptr;
+    bool ok = cudaStreamBeginCapture(side, cudaStreamCaptureModeRelaxed) == cudaSuccess;
+    if (ok) {
+      try {
+        const StreamGuard guard(side);
+        work();
+      } catch (...) {  // e.g. a call that capture does not allow
+        ok = false;
+      }
+      ok = cudaStreamEndCapture(side, &graph) == cudaSuccess && ok;
+    }
     ok = ok && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
-    if (graph) cudaGraphDestroy(graph);
-    cudaGetLastError();  // a failed capture's error is not the caller's
-    if (!ok) exec = nullptr;
-    releases = cache_releases();
+    if (graph) report_failure(cudaGraphDestroy(graph), "cudaGraphDestroy");
+    if (!ok) {
+      cudaGetLastError();  // the failed capture's error, not the caller's
+      exec = nullptr;
+      unpin_stream(side);
+    }
     return ok;
   }
-  // The second call warms the private stream's cache; the third captures
-  // (or, where that fails, runs directly from then on); later ones launch.
+
+  // The call's work on the private stream: the second call warms, the third
+  // captures (running the work directly if that fails), later ones launch.
   void run_on_side(const std::function<void()>& work) {
-    if (calls == 2 || (!exec && !capture(work))) {
-      direct = calls > 2;
+    if (calls == 2) return warm(work);
+    if (!exec && !capture(work)) {
+      ++failed_captures;
       const StreamGuard guard(side);
       return work();
     }
@@ -64,21 +135,6 @@ struct GraphReplay::State {
     ++launches;
   }
 };
-
-namespace {
-
-bool graphs_allowed(cudaStream_t stream) {
-  static const bool off = [] {
-    const char* v = std::getenv("TG_CUDA_GRAPHS");
-    return v && std::string(v) == "0";
-  }();
-  if (off || !caching_enabled() || sync_debug()) return false;
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) return cudaGetLastError(), false;
-  return status == cudaStreamCaptureStatusNone;
-}
-
-}  // namespace
 
 GraphReplay::GraphReplay() : state_(std::make_unique<State>()) {}
 GraphReplay::~GraphReplay() = default;  // the stream, events and graph stay: launches may be in flight
@@ -94,17 +150,12 @@ void GraphReplay::run(const std::string& key, void* stream, const std::function<
     const StreamGuard guard(stream);
     work();
   };
-  if (!graphs_allowed(caller)) return direct();
+  if (!graph_replay_enabled() || capturing(caller)) return direct();
   State& s = *state_;
   std::lock_guard<std::mutex> lock(s.mutex);
-  if (key != s.key || (s.exec && s.releases != cache_releases())) {
-    s.drop_graph();
-    s.calls = key != s.key ? 0 : 1;  // a new key starts over; a stale graph warms the cache again
-    s.direct = false;
-    s.key = key;
-  }
+  if (key != s.key) s.start(key);
   s.calls = std::min(s.calls + 1, 3);
-  if (s.calls == 1 || s.direct) return direct();
+  if (s.runs_directly() || (s.side && current_device() != s.device)) return direct();
   s.make_stream();
   // The private stream's work after the caller's stream's so far, and the caller's stream's next work after it.
   TG_CUDA_CHECK(cudaEventRecord(s.fork, caller), "graph replay");
@@ -112,8 +163,8 @@ void GraphReplay::run(const std::string& key, void* stream, const std::function<
   try {
     s.run_on_side(work);
   } catch (...) {
-    cudaEventRecord(s.join, s.side);
-    cudaStreamWaitEvent(caller, s.join, 0);
+    report_failure(cudaEventRecord(s.join, s.side), "cudaEventRecord");
+    report_failure(cudaStreamWaitEvent(caller, s.join, 0), "cudaStreamWaitEvent");
     throw;
   }
   TG_CUDA_CHECK(cudaEventRecord(s.join, s.side), "graph replay");

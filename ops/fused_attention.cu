@@ -846,6 +846,12 @@ HalfOperands qkv_half_operands(const AttentionInputs& in) {
   return {heads(kHalfQ), heads(kHalfK), heads(kHalfV), nullptr, {s, s, s, nullptr}, {0, 0, 0, 0}, pd_scale(in.p)};
 }
 
+// The kernels' grids put (b, h) in blockIdx.y, whose limit is 65535.
+void check_batch_heads(const char* op, const AttentionDims& d) {
+  TG_CHECK(d.B * d.H <= 65535, op, ": batch ", d.B, " x heads ", d.H, " = ", d.B * d.H,
+           " exceeds the CUDA kernels' limit of 65535 (b, h) pairs");
+}
+
 template <class Mma>
 void launch_forward(const AttentionInputs& in, const Tensor& o, const Tensor& lse) {
   using Layout = ForwardLayout<Mma>;
@@ -905,6 +911,8 @@ struct BackwardGrid {
 template <class Mma>
 BackwardGrid backward_grid(const AttentionDims& d) {
   const int64_t key_tiles = (d.S + kBwdKeys - 1) / kBwdKeys, query_tiles = (d.S + kBwdRows - 1) / kBwdRows;
+  static_assert(BackwardLayout<Mma, false>::kCtasPerSm == BackwardLayout<Mma, true>::kCtasPerSm,
+                "one occupancy for reading P and for recomputing it");
   const int64_t ctas = key_tiles * d.B * d.H, slots = BackwardLayout<Mma, false>::kCtasPerSm * int64_t(context().sm_count);
   const auto cost = [&](int64_t s) { return ((ctas * s + slots - 1) / slots) * (1 + (query_tiles + s - 1) / s); };
   int64_t best = 1;
@@ -958,6 +966,7 @@ void FusedAttentionKernels<Device::CUDA>::forward(const AttentionInputs& in, con
                                                   MatmulPrecision precision) {
   using namespace cuda;
   if (in.d.B * in.d.H * in.d.S == 0) return;
+  check_batch_heads("fused_attention", in.d);
   for (const auto& [t, name] : {std::pair{&in.q, "q"}, {&in.k, "k"}, {&in.v, "v"}}) check_rows(name, *t);
   if (precision == MatmulPrecision::High) launch_forward<Fp16>(in, o, lse);
   else launch_forward<Tf32x3>(in, o, lse);
@@ -986,6 +995,7 @@ void FusedAttentionKernels<Device::CUDA>::backward(const AttentionInputs& in, co
       if (t->defined()) fill_into(*t, 0.0);
     return;
   }
+  check_batch_heads("fused_attention_backward", in.d);
   const bool half_qkv = !in.qkv_half.matrices.empty();  // q, k, v read from qkv's fp16 copy
   for (const auto& [t, name] : {std::pair{&in.q, "q"}, {&in.k, "k"}, {&in.v, "v"}, {&g.dq, "dq"}, {&g.dk, "dk"},
                                 {&g.dv, "dv"}})

@@ -279,6 +279,21 @@ TEST_CASE("fused/training path saves O(B H S) beyond the activations" * doctest:
   }
 }
 
+// The kernels' grids hold the (b, h) pairs in blockIdx.y (at most 65535): more
+// is a clear error before any output is written.
+TEST_CASE("fused/more (b, h) pairs than the CUDA grid holds is an error, outputs untouched" * doctest::skip(kNoGpu)) {
+  const Spec s{32768, 1, 128, 2, 1};
+  const BackwardInputs in = make_backward_inputs(s);
+  Gradients out = tg::fused::region_attention_backward(make_backward_inputs({1, 1, 128, 2, 1}), 0.125, s.p,
+                                                       tg::MatmulPrecision::High);
+  out.hidden_states = tg::full({s.B, s.S, s.C}, NAN, {tg::DType::Float32, tg::Device::CUDA});
+  const std::string message = error_of([&] {
+    tg::fused::region_attention_backward_into(in, 0.125, s.p, tg::MatmulPrecision::High, out);
+  });
+  CHECK(contains(message, "region_attention_backward: batch 32768 x heads 2 = 65536 exceeds the CUDA kernels' limit"));
+  CHECK(std::isnan(out.hidden_states.to_vector()[0]));
+}
+
 TEST_CASE("fused/an empty batch or sequence runs no kernel and gives zero gradients" * doctest::skip(kNoGpu)) {
   check_empty_fused_attention(tg::Device::CUDA);
 }
@@ -350,45 +365,64 @@ TEST_CASE("fused/C API: results, errors that write nothing, a caller's stream, g
 // Repeated calls with the same arguments (core/cuda.h, GraphReplay): the
 // first runs directly, the second on the C API's private stream, the third
 // captures a graph and launches it, later ones launch it. Every call gets new
-// values in the same input buffers and NaN in its outputs first, so a replay
-// must read its inputs anew and write every output. The caller's stream is
-// the legacy default stream, which cannot be captured itself.
-TEST_CASE("fused/C API: repeated calls replay a CUDA graph that reads each call's inputs" * doctest::skip(kNoGpu)) {
-  tg::manual_seed(106);
-  const Spec s{2, 100, 128, 2, 120};
-  const BackwardInputs in = make_backward_inputs(s);
+// values in the same input buffers and NaN in its outputs, queued on the
+// caller's stream, and is compared with the C++ function on the same values
+// in other buffers: a replay must read its inputs anew, write every output,
+// and be ordered after and before the caller's stream's work by its events
+// (only the caller's stream is synchronised). Between the fourth and fifth
+// calls empty_cache runs and a new tensor is filled: the graph's pinned
+// blocks must not be handed to it. Then a new scale with the same pointers is
+// a new key, run directly. The bound, 1e-4, leaves room for the order of the
+// atomic sums (sums that cancel differ by up to 3e-5 between two runs, see
+// below); stale inputs or unwritten outputs miss it by orders of magnitude.
+void check_replayed_calls(const Spec& s, tg_precision precision, cudaStream_t stream) {
   const double scale = 1 / std::sqrt(64.0);
+  const tg::MatmulPrecision mp = precision == TG_PRECISION_HIGH ? tg::MatmulPrecision::High : tg::MatmulPrecision::Highest;
+  const tg::cuda::StreamGuard guard(stream);  // the inputs, the outputs' poison and the reference on the caller's stream
+  const BackwardInputs in = make_backward_inputs(s);
   const std::vector<tg::Tensor> buffers = inputs_of(in);
-  std::vector<tg::Tensor> outs, other_outs;
-  for (const tg::Tensor& t : outputs_of(tg::fused::region_attention_backward(in, scale, s.p, tg::MatmulPrecision::High))) {
+  std::vector<tg::Tensor> outs;
+  for (const tg::Tensor& t : outputs_of(tg::fused::region_attention_backward(in, scale, s.p, mp)))
     outs.push_back(tg::empty(t.shape(), {tg::DType::Float32, tg::Device::CUDA}));
-    other_outs.push_back(tg::empty(t.shape(), {tg::DType::Float32, tg::Device::CUDA}));
-  }
   std::vector<const float*> ip;
   for (const tg::Tensor& t : buffers) ip.push_back(t.data<float>());
-  const auto pointers = [](const std::vector<tg::Tensor>& ts) {
-    std::vector<float*> p;
-    for (const tg::Tensor& t : ts) p.push_back(t.data<float>());
-    return p;
-  };
-  const std::vector<float*> op = pointers(outs), other_op = pointers(other_outs);
-  const char* env = std::getenv("TG_CUDA_GRAPHS");
-  const bool graphs = tg::cuda::caching_enabled() && !tg::cuda::sync_debug() && !(env && std::string(env) == "0");
+  std::vector<float*> op;
+  for (const tg::Tensor& t : outs) op.push_back(t.data<float>());
   const std::size_t launches_before = tg::capi::graph_launches();
+  tg::Tensor sentinel;
   for (int call = 1; call <= 6; ++call) {
     CAPTURE(call);
+    const double call_scale = call < 6 ? scale : 0.5 * scale;
     const BackwardInputs fresh = make_backward_inputs(s);
     const std::vector<tg::Tensor> values = inputs_of(fresh);
     for (size_t i = 0; i < buffers.size(); ++i) tg::Tensor(buffers[i]).copy_(values[i]);
-    const std::vector<tg::Tensor>& got = call < 6 ? outs : other_outs;  // call 6: new output pointers, a new key
-    for (const tg::Tensor& t : got) tg::Tensor(t).fill_(NAN);
-    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);  // tapegrad's stream does not wait for the legacy stream
-    REQUIRE(tg_region_attention_backward(ip.data(), float(scale), float(s.p), s.B, s.S, s.C, s.H, s.M,
-                                         (call < 6 ? op : other_op).data(), TG_PRECISION_HIGH, nullptr) == 0);
-    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-    const auto want = outputs_of(tg::fused::region_attention_backward(in, scale, s.p, tg::MatmulPrecision::High));
-    for (size_t i = 0; i < got.size(); ++i) CHECK(relative_error(got[i], want[i]) < 1e-5);
-    CHECK(tg::capi::graph_launches() - launches_before == (graphs ? std::clamp(call - 2, 0, 3) : 0));
+    for (const tg::Tensor& t : outs) tg::Tensor(t).fill_(NAN);
+    REQUIRE(tg_region_attention_backward(ip.data(), float(call_scale), float(s.p), s.B, s.S, s.C, s.H, s.M, op.data(),
+                                         precision, stream) == 0);
+    const auto want = outputs_of(tg::fused::region_attention_backward(fresh, call_scale, s.p, mp));
+    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+    for (size_t i = 0; i < outs.size(); ++i) CHECK(relative_error(outs[i], want[i]) < 1e-4);
+    const std::size_t replays = tg::cuda::graph_replay_enabled() ? std::clamp(call - 2, 0, 3) : 0;
+    CHECK(tg::capi::graph_launches() - launches_before == replays);
+    if (call == 4) {  // the largest temporary's size: the block a release would free first
+      tg::cuda::empty_cache();
+      sentinel = tg::full({s.B * s.S, 3 * s.C}, 7.0, {tg::DType::Float32, tg::Device::CUDA});
+    }
   }
+  const std::vector<double> kept = sentinel.to_vector();
+  CHECK(std::all_of(kept.begin(), kept.end(), [](double v) { return v == 7.0; }));
+}
+
+TEST_CASE("fused/C API: repeated calls replay a CUDA graph that reads each call's inputs" * doctest::skip(kNoGpu)) {
+  tg::manual_seed(106);
+  cudaStream_t stream;
+  REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+  SUBCASE("high, the legacy default stream") { check_replayed_calls({2, 100, 128, 2, 120}, TG_PRECISION_HIGH, nullptr); }
+  SUBCASE("high, a non-blocking stream") { check_replayed_calls({2, 100, 128, 2, 120}, TG_PRECISION_HIGH, stream); }
+  SUBCASE("highest, B = 1, a non-blocking stream") {
+    check_replayed_calls({1, 77, 128, 2, 120}, TG_PRECISION_HIGHEST, stream);
+  }
+  REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+  cudaStreamDestroy(stream);
 }
 #endif
