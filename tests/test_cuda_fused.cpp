@@ -404,7 +404,7 @@ void check_replayed_calls(const Spec& s, tg_precision precision, cudaStream_t st
     for (size_t i = 0; i < outs.size(); ++i) CHECK(relative_error(outs[i], want[i]) < 1e-4);
     const std::size_t replays = tg::cuda::graph_replay_enabled() ? std::clamp(call - 2, 0, 3) : 0;
     CHECK(tg::capi::graph_launches() - launches_before == replays);
-    if (call == 4) {  // the largest temporary's size: the block a release would free first
+    if (call == 4) {  // dqkv's size: were the graph's blocks released, cudaMalloc would likely hand one back
       tg::cuda::empty_cache();
       sentinel = tg::full({s.B * s.S, 3 * s.C}, 7.0, {tg::DType::Float32, tg::Device::CUDA});
     }
