@@ -64,7 +64,9 @@ class StreamGuard {
 // `work` runs directly on `stream`, never captured, while `stream` is itself
 // being captured, when graph_replay_enabled() is false, from another device
 // than the private stream's, and for a key whose capture failed three times.
-// Calls on one GraphReplay are serialised by a lock.
+// The calls that reach the private stream are serialised by a lock. The
+// check that the work frees its blocks counts the whole allocator's: another
+// thread allocating meanwhile can only keep a key from being captured.
 bool graph_replay_enabled();  // not with TG_CUDA_GRAPHS=0, TG_CUDA_SYNC=1 or TG_CUDA_NO_CACHING=1
 class GraphReplay {
  public:

@@ -282,13 +282,39 @@ TEST_CASE("fused/training path saves O(B H S) beyond the activations" * doctest:
 // The kernels' grids hold the (b, h) pairs in blockIdx.y (at most 65535): more
 // is a clear error before any output is written.
 TEST_CASE("fused/more (b, h) pairs than the CUDA grid holds is an error, outputs untouched" * doctest::skip(kNoGpu)) {
-  const Spec s{32768, 1, 128, 2, 1};
-  const BackwardInputs in = make_backward_inputs(s);
-  Gradients out = tg::fused::region_attention_backward(make_backward_inputs({1, 1, 128, 2, 1}), 0.125, s.p,
-                                                       tg::MatmulPrecision::High);
-  out.hidden_states = tg::full({s.B, s.S, s.C}, NAN, {tg::DType::Float32, tg::Device::CUDA});
+  const int64_t B = 32768, S = 1, C = 128, H = 2, D = 64, M = 1;
+  const auto zeros = [](const tg::Shape& shape) { return tg::zeros(shape, {tg::DType::Float32, tg::Device::CUDA}); };
+  BackwardInputs in;  // zeros of the spec's shapes: the check comes before any value is read
+  in.grad_output = zeros({B, S, C});
+  in.hidden_states = zeros({B, S, C});
+  in.attention_output = zeros({B, S, C});
+  in.edit_region_mask = zeros({B, S});
+  in.attention_mask = zeros({B, S});
+  in.qkv_weight = zeros({3 * C, C});
+  in.qkv_bias = zeros({3 * C});
+  in.out_weight = zeros({C, C});
+  in.out_bias = zeros({C});
+  in.edit_region_bias = zeros({H, M, M});
+  in.within_edit_bias = zeros({H, 1, 1});
+  in.cross_edit_bias = zeros({H, 1, 1});
+  in.query = zeros({B, H, S, D});
+  in.key = zeros({B, H, S, D});
+  in.value = zeros({B, H, S, D});
+  in.attention_scores = zeros({B, H, S, S});
+  in.attention_probs = zeros({B, H, S, S});
+  in.attention_probs_dropped = zeros({B, H, S, S});
+  in.dropout_mask = zeros({B, H, S, S});
+  Gradients out;
+  out.hidden_states = tg::full({B, S, C}, NAN, {tg::DType::Float32, tg::Device::CUDA});
+  out.qkv_weight = zeros({3 * C, C});
+  out.qkv_bias = zeros({3 * C});
+  out.out_weight = zeros({C, C});
+  out.out_bias = zeros({C});
+  out.edit_region_bias = zeros({H, M, M});
+  out.within_edit_bias = zeros({H, 1, 1});
+  out.cross_edit_bias = zeros({H, 1, 1});
   const std::string message = error_of([&] {
-    tg::fused::region_attention_backward_into(in, 0.125, s.p, tg::MatmulPrecision::High, out);
+    tg::fused::region_attention_backward_into(in, 0.125, 0.1, tg::MatmulPrecision::High, out);
   });
   CHECK(contains(message, "region_attention_backward: batch 32768 x heads 2 = 65536 exceeds the CUDA kernels' limit"));
   CHECK(std::isnan(out.hidden_states.to_vector()[0]));
@@ -372,9 +398,10 @@ TEST_CASE("fused/C API: results, errors that write nothing, a caller's stream, g
 // (only the caller's stream is synchronised). Between the fourth and fifth
 // calls empty_cache runs and a new tensor is filled: the graph's pinned
 // blocks must not be handed to it. Then a new scale with the same pointers is
-// a new key, run directly. The bound, 1e-4, leaves room for the order of the
-// atomic sums (sums that cancel differ by up to 3e-5 between two runs, see
-// below); stale inputs or unwritten outputs miss it by orders of magnitude.
+// a new key, run directly. The bound, 1e-3, leaves room for the order of the
+// atomic sums (sums that cancel differed by up to 3e-5 between two runs at
+// "high", see above); stale inputs or unwritten outputs miss it by orders of
+// magnitude.
 void check_replayed_calls(const Spec& s, tg_precision precision, cudaStream_t stream) {
   const double scale = 1 / std::sqrt(64.0);
   const tg::MatmulPrecision mp = precision == TG_PRECISION_HIGH ? tg::MatmulPrecision::High : tg::MatmulPrecision::Highest;
@@ -401,7 +428,7 @@ void check_replayed_calls(const Spec& s, tg_precision precision, cudaStream_t st
                                          precision, stream) == 0);
     const auto want = outputs_of(tg::fused::region_attention_backward(fresh, call_scale, s.p, mp));
     REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
-    for (size_t i = 0; i < outs.size(); ++i) CHECK(relative_error(outs[i], want[i]) < 1e-4);
+    for (size_t i = 0; i < outs.size(); ++i) CHECK(relative_error(outs[i], want[i]) < 1e-3);
     const std::size_t replays = tg::cuda::graph_replay_enabled() ? std::clamp(call - 2, 0, 3) : 0;
     CHECK(tg::capi::graph_launches() - launches_before == replays);
     if (call == 4) {  // dqkv's size: were the graph's blocks released, cudaMalloc would likely hand one back
@@ -413,16 +440,22 @@ void check_replayed_calls(const Spec& s, tg_precision precision, cudaStream_t st
   CHECK(std::all_of(kept.begin(), kept.end(), [](double v) { return v == 7.0; }));
 }
 
+// A non-blocking stream, destroyed (after its work) however the test ends.
+struct OwnStream {
+  cudaStream_t stream = nullptr;
+  OwnStream() { REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess); }
+  ~OwnStream() { cudaStreamDestroy(stream); }
+  OwnStream(const OwnStream&) = delete;
+  OwnStream& operator=(const OwnStream&) = delete;
+};
+
 TEST_CASE("fused/C API: repeated calls replay a CUDA graph that reads each call's inputs" * doctest::skip(kNoGpu)) {
   tg::manual_seed(106);
-  cudaStream_t stream;
-  REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+  const OwnStream own;
   SUBCASE("high, the legacy default stream") { check_replayed_calls({2, 100, 128, 2, 120}, TG_PRECISION_HIGH, nullptr); }
-  SUBCASE("high, a non-blocking stream") { check_replayed_calls({2, 100, 128, 2, 120}, TG_PRECISION_HIGH, stream); }
+  SUBCASE("high, a non-blocking stream") { check_replayed_calls({2, 100, 128, 2, 120}, TG_PRECISION_HIGH, own.stream); }
   SUBCASE("highest, B = 1, a non-blocking stream") {
-    check_replayed_calls({1, 77, 128, 2, 120}, TG_PRECISION_HIGHEST, stream);
+    check_replayed_calls({1, 77, 128, 2, 120}, TG_PRECISION_HIGHEST, own.stream);
   }
-  REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
-  cudaStreamDestroy(stream);
 }
 #endif
