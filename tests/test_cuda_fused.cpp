@@ -283,36 +283,20 @@ TEST_CASE("fused/training path saves O(B H S) beyond the activations" * doctest:
 // is a clear error before any output is written.
 TEST_CASE("fused/more (b, h) pairs than the CUDA grid holds is an error, outputs untouched" * doctest::skip(kNoGpu)) {
   const int64_t B = 32768, S = 1, C = 128, H = 2, D = 64, M = 1;
-  const auto zeros = [](const tg::Shape& shape) { return tg::zeros(shape, {tg::DType::Float32, tg::Device::CUDA}); };
   BackwardInputs in;  // zeros of the spec's shapes: the check comes before any value is read
-  in.grad_output = zeros({B, S, C});
-  in.hidden_states = zeros({B, S, C});
-  in.attention_output = zeros({B, S, C});
-  in.edit_region_mask = zeros({B, S});
-  in.attention_mask = zeros({B, S});
-  in.qkv_weight = zeros({3 * C, C});
-  in.qkv_bias = zeros({3 * C});
-  in.out_weight = zeros({C, C});
-  in.out_bias = zeros({C});
-  in.edit_region_bias = zeros({H, M, M});
-  in.within_edit_bias = zeros({H, 1, 1});
-  in.cross_edit_bias = zeros({H, 1, 1});
-  in.query = zeros({B, H, S, D});
-  in.key = zeros({B, H, S, D});
-  in.value = zeros({B, H, S, D});
-  in.attention_scores = zeros({B, H, S, S});
-  in.attention_probs = zeros({B, H, S, S});
-  in.attention_probs_dropped = zeros({B, H, S, S});
-  in.dropout_mask = zeros({B, H, S, S});
   Gradients out;
-  out.hidden_states = tg::full({B, S, C}, NAN, {tg::DType::Float32, tg::Device::CUDA});
-  out.qkv_weight = zeros({3 * C, C});
-  out.qkv_bias = zeros({3 * C});
-  out.out_weight = zeros({C, C});
-  out.out_bias = zeros({C});
-  out.edit_region_bias = zeros({H, M, M});
-  out.within_edit_bias = zeros({H, 1, 1});
-  out.cross_edit_bias = zeros({H, 1, 1});
+  const tg::Shape tokens{B, S, C}, heads{B, H, S, D}, scores{B, H, S, S}, rows{B, S}, scalars{H, 1, 1};
+  const std::vector<std::pair<tg::Tensor*, tg::Shape>> shapes = {
+      {&in.grad_output, tokens}, {&in.hidden_states, tokens}, {&in.attention_output, tokens},
+      {&in.edit_region_mask, rows}, {&in.attention_mask, rows}, {&in.query, heads}, {&in.key, heads},
+      {&in.value, heads}, {&in.attention_scores, scores}, {&in.attention_probs, scores},
+      {&in.attention_probs_dropped, scores}, {&in.dropout_mask, scores}, {&in.qkv_weight, {3 * C, C}},
+      {&in.qkv_bias, {3 * C}}, {&in.out_weight, {C, C}}, {&in.out_bias, {C}}, {&in.edit_region_bias, {H, M, M}},
+      {&in.within_edit_bias, scalars}, {&in.cross_edit_bias, scalars}, {&out.qkv_weight, {3 * C, C}},
+      {&out.qkv_bias, {3 * C}}, {&out.out_weight, {C, C}}, {&out.out_bias, {C}}, {&out.edit_region_bias, {H, M, M}},
+      {&out.within_edit_bias, scalars}, {&out.cross_edit_bias, scalars}};
+  for (const auto& [t, shape] : shapes) *t = tg::zeros(shape, {tg::DType::Float32, tg::Device::CUDA});
+  out.hidden_states = tg::full(tokens, NAN, {tg::DType::Float32, tg::Device::CUDA});
   const std::string message = error_of([&] {
     tg::fused::region_attention_backward_into(in, 0.125, 0.1, tg::MatmulPrecision::High, out);
   });
