@@ -24,10 +24,6 @@ bool env_is_one(const char* name) {
   return v && std::string(v) == "1";
 }
 
-void report_failure(cudaError_t status, const char* call) {
-  if (status != cudaSuccess) std::fprintf(stderr, "tapegrad: cuda allocator: %s failed: %s\n", call, cudaGetErrorString(status));
-}
-
 std::size_t round_size(std::size_t n) {
   const std::size_t r = n < kLargeThreshold ? kSmallRound : kLargeRound;
   return (std::max<std::size_t>(n, 1) + r - 1) / r * r;
@@ -59,8 +55,8 @@ class CachingAllocator {
       free_[bucket].push_back(p);
     } else {
       // Runs from destructors, so failures are reported, not thrown.
-      report_failure(cudaStreamSynchronize(bucket.stream), "cudaStreamSynchronize");  // the last user may still run
-      report_failure(cudaFree(p), "cudaFree");
+      report_failure(cudaStreamSynchronize(bucket.stream), "cuda allocator", "cudaStreamSynchronize");  // the last user may still run
+      report_failure(cudaFree(p), "cuda allocator", "cudaFree");
       stats_.reserved -= bucket.size;
     }
     live_.erase(it);

@@ -1,3 +1,4 @@
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 
@@ -89,6 +90,10 @@ void check(cublasStatus_t status, const char* op, const char* call) {
 void check(cudnnStatus_t status, const char* op, const char* call) {
   TG_CHECK(status == CUDNN_STATUS_SUCCESS, op, ": cuDNN call ", call, " failed: ",
            cudnnGetErrorString(status));
+}
+
+void report_failure(cudaError_t status, const char* op, const char* call) {
+  if (status != cudaSuccess) std::fprintf(stderr, "tapegrad: %s: %s failed: %s\n", op, call, cudaGetErrorString(status));
 }
 
 void check_launch(const char* op) {

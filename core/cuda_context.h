@@ -27,6 +27,9 @@ cublasHandle_t cublas();
 cudnnHandle_t cudnn();
 
 void check(cudaError_t status, const char* op, const char* call);
+// Where a failure cannot be thrown (destructors, clean-up on an error path):
+// printed to stderr as "tapegrad: <op>: <call> failed: <reason>".
+void report_failure(cudaError_t status, const char* op, const char* call);
 void check(cublasStatus_t status, const char* op, const char* call);
 void check(cudnnStatus_t status, const char* op, const char* call);
 

@@ -16,11 +16,6 @@ namespace {
 
 constexpr int kMaxFailedCaptures = 3;  // then a key runs directly for good
 
-// For calls whose failure leaves nothing to undo (destroying a graph).
-void report_failure(cudaError_t status, const char* call) {
-  if (status != cudaSuccess) std::fprintf(stderr, "tapegrad: graph replay: %s failed: %s\n", call, cudaGetErrorString(status));
-}
-
 bool capturing(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream, &status) == cudaSuccess) return status != cudaStreamCaptureStatusNone;
@@ -67,7 +62,7 @@ struct GraphReplay::State {
 
   void drop_graph() {
     if (!exec) return;
-    report_failure(cudaGraphExecDestroy(exec), "cudaGraphExecDestroy");  // a launch in flight completes first
+    report_failure(cudaGraphExecDestroy(exec), "graph replay", "cudaGraphExecDestroy");  // a launch in flight completes first
     exec = nullptr;
     unpin_stream(side);  // its blocks may go once the device is synchronised (as empty_cache does first)
   }
@@ -113,7 +108,7 @@ struct GraphReplay::State {
       ok = cudaStreamEndCapture(side, &graph) == cudaSuccess && ok;
     }
     ok = ok && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
-    if (graph) report_failure(cudaGraphDestroy(graph), "cudaGraphDestroy");
+    if (graph) report_failure(cudaGraphDestroy(graph), "graph replay", "cudaGraphDestroy");
     if (!ok) {
       cudaGetLastError();  // the failed capture's error, not the caller's
       exec = nullptr;
@@ -163,8 +158,8 @@ void GraphReplay::run(const std::string& key, void* stream, const std::function<
   try {
     s.run_on_side(work);
   } catch (...) {
-    report_failure(cudaEventRecord(s.join, s.side), "cudaEventRecord");
-    report_failure(cudaStreamWaitEvent(caller, s.join, 0), "cudaStreamWaitEvent");
+    report_failure(cudaEventRecord(s.join, s.side), "graph replay", "cudaEventRecord");
+    report_failure(cudaStreamWaitEvent(caller, s.join, 0), "graph replay", "cudaStreamWaitEvent");
     throw;
   }
   TG_CUDA_CHECK(cudaEventRecord(s.join, s.side), "graph replay");
