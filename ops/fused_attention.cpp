@@ -378,8 +378,7 @@ LayerDims check_backward_args(const BackwardInputs& in, const Gradients& out) {
   if (in.hidden_states.is_cuda()) {
     TG_CHECK(in.hidden_states.dtype() == DType::Float32, op, ": CUDA tensors must be float32");
     TG_CHECK(D == kCudaHeadDim, op, ": the CUDA kernels cover head dim ", kCudaHeadDim, ", got ", D);
-    TG_CHECK(B * H <= 65535, op, ": batch ", B, " x heads ", H, " = ", B * H,
-             " exceeds the CUDA kernels' limit of 65535 (b, h) pairs");
+    check_cuda_batch_heads(op, B, H);  // before any output is written
   }
   return {B, S, C, H, D, M};
 }

@@ -846,12 +846,6 @@ HalfOperands qkv_half_operands(const AttentionInputs& in) {
   return {heads(kHalfQ), heads(kHalfK), heads(kHalfV), nullptr, {s, s, s, nullptr}, {0, 0, 0, 0}, pd_scale(in.p)};
 }
 
-// The kernels' grids put (b, h) in blockIdx.y, whose limit is 65535.
-void check_batch_heads(const char* op, const AttentionDims& d) {
-  TG_CHECK(d.B * d.H <= 65535, op, ": batch ", d.B, " x heads ", d.H, " = ", d.B * d.H,
-           " exceeds the CUDA kernels' limit of 65535 (b, h) pairs");
-}
-
 template <class Mma>
 void launch_forward(const AttentionInputs& in, const Tensor& o, const Tensor& lse) {
   using Layout = ForwardLayout<Mma>;
@@ -966,7 +960,7 @@ void FusedAttentionKernels<Device::CUDA>::forward(const AttentionInputs& in, con
                                                   MatmulPrecision precision) {
   using namespace cuda;
   if (in.d.B * in.d.H * in.d.S == 0) return;
-  check_batch_heads("fused_attention", in.d);
+  check_cuda_batch_heads("fused_attention", in.d.B, in.d.H);
   for (const auto& [t, name] : {std::pair{&in.q, "q"}, {&in.k, "k"}, {&in.v, "v"}}) check_rows(name, *t);
   if (precision == MatmulPrecision::High) launch_forward<Fp16>(in, o, lse);
   else launch_forward<Tf32x3>(in, o, lse);
@@ -995,7 +989,7 @@ void FusedAttentionKernels<Device::CUDA>::backward(const AttentionInputs& in, co
       if (t->defined()) fill_into(*t, 0.0);
     return;
   }
-  check_batch_heads("fused_attention_backward", in.d);
+  check_cuda_batch_heads("fused_attention_backward", in.d.B, in.d.H);
   const bool half_qkv = !in.qkv_half.matrices.empty();  // q, k, v read from qkv's fp16 copy
   for (const auto& [t, name] : {std::pair{&in.q, "q"}, {&in.k, "k"}, {&in.v, "v"}, {&g.dq, "dq"}, {&g.dk, "dk"},
                                 {&g.dv, "dv"}})

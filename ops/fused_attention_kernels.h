@@ -20,6 +20,12 @@ struct AttentionDims {
   int64_t B, H, S, D, M;
 };
 
+// The CUDA kernels' grids hold the (b, h) pairs in blockIdx.y, at most 65535.
+inline void check_cuda_batch_heads(const char* op, int64_t B, int64_t H) {
+  TG_CHECK(B * H <= 65535, op, ": batch ", B, " x heads ", H, " = ", B * H,
+           " exceeds the CUDA kernels' limit of 65535 (b, h) pairs");
+}
+
 // The forward's inputs. q, k, v: [B,H,S,D] tensors with a unit d stride
 // (views of the projection qkv [B,S,3C], or contiguous tensors).
 struct AttentionInputs {

@@ -1,9 +1,9 @@
 // The GEMM problem both back ends solve, and its kernels.
 #pragma once
-#include "core/hd.h"
 #include <vector>
 
 #include "core/cuda.h"
+#include "core/hd.h"
 #include "core/dispatch.h"
 #include "core/tensor.h"
 

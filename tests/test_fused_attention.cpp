@@ -3,6 +3,7 @@
 // the Philox mask regenerated) against the decomposed graph in float64, and
 // the benchmark interface's backward (P read, the careful qkv bias) likewise.
 #include "helpers.h"
+#include "ops/fused_attention_kernels.h"
 
 using namespace tgtest;
 
@@ -199,4 +200,8 @@ TEST_CASE("errors/fused attention") {
                  "an explicit dropout mask is not supported"));
   CHECK(error_of([&] { tg::fused_attention(qkv, e, tg::from_vector({1, 3, 1}, {1, 3}), E, w, w, 2); }) ==
         "fused_attention: attn_mask [1,3] must hold only 0 and 1; element 1 is 3");
+  // The CUDA grids' limit on (b, h) pairs (checked on any device: no data is needed).
+  CHECK(error_of([] { tg::check_cuda_batch_heads("fused_attention", 32768, 2); }) ==
+        "fused_attention: batch 32768 x heads 2 = 65536 exceeds the CUDA kernels' limit of 65535 (b, h) pairs");
+  CHECK(error_of([] { tg::check_cuda_batch_heads("fused_attention", 4095, 16); }).empty());
 }
