@@ -48,6 +48,30 @@ class StreamGuard {
   bool had_previous_;
 };
 
+// Work queued beside this thread's stream, as with a second CUDA stream
+// forked from it by an event and joined back by another: the constructor
+// marks where stream() stands; run(work) queues work's tapegrad calls on a
+// side stream after that mark; join() (or the destructor) makes stream() wait
+// for them. The side work must not allocate (the caching allocator keeps
+// blocks per stream; an allocation there is an error) nor call cuBLAS (one
+// workspace for every stream): what it writes is allocated before, on
+// stream(), and kept alive until the join. Inside a CUDA graph capture the
+// side work becomes a parallel branch of the graph. Fork(false), for CPU
+// tensors, runs the work in place.
+class Fork {
+ public:
+  explicit Fork(bool on);
+  ~Fork();
+  Fork(const Fork&) = delete;
+  Fork& operator=(const Fork&) = delete;
+  void run(const std::function<void()>& work);
+  void join();
+  struct Lane;  // the side stream and its events (core/cuda_context.cu)
+
+ private:
+  std::unique_ptr<Lane> lane_;  // null when off or joined
+};
+
 // Repeated calls replayed from a CUDA graph (the C API's backward, whose
 // small cases take as long to queue as to run). run(key, stream, work) queues
 // `work` (tapegrad calls, on cuda::stream()) on `stream`: the first call with

@@ -32,6 +32,8 @@ std::size_t round_size(std::size_t n) {
 class CachingAllocator {
  public:
   void* allocate(std::size_t nbytes) {
+    TG_CHECK(!allocation_forbidden(), "cuda allocator: ", nbytes,
+             " bytes requested inside a cuda::Fork's side work, which must not allocate (allocate on the forking stream first)");
     const std::size_t size = block_size(nbytes);
     const cudaStream_t s = stream();
     std::lock_guard<std::mutex> lock(mutex_);

@@ -1,6 +1,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <vector>
 
 #include "core/cuda.h"
 #include "core/cuda_context.h"
@@ -32,6 +33,81 @@ StreamGuard::~StreamGuard() {
 }
 
 cudaStream_t stream() { return stream_override ? override_stream : context().stream; }
+
+// ---- Fork: a side stream and its two events, kept per thread (a lane taken
+// by one thread's fork never joins another thread's graph capture) and reused.
+
+struct Fork::Lane {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t forked = nullptr, done = nullptr;
+};
+
+namespace {
+thread_local bool in_side_work = false;
+
+struct LanePool {
+  std::vector<Fork::Lane> free;
+  ~LanePool() {  // at thread exit; at process exit the runtime may already be gone
+    for (const Fork::Lane& lane : free)
+      for (const cudaError_t status :
+           {cudaEventDestroy(lane.forked), cudaEventDestroy(lane.done), cudaStreamDestroy(lane.stream)})
+        if (status != cudaErrorCudartUnloading) report_failure(status, "cuda fork", "destroying a side stream");
+  }
+};
+thread_local LanePool lanes;
+
+Fork::Lane take_lane() {
+  if (!lanes.free.empty()) {
+    const Fork::Lane lane = lanes.free.back();
+    lanes.free.pop_back();
+    return lane;
+  }
+  Fork::Lane lane;
+  TG_CUDA_CHECK(cudaStreamCreateWithFlags(&lane.stream, cudaStreamNonBlocking), "cuda fork");
+  TG_CUDA_CHECK(cudaEventCreateWithFlags(&lane.forked, cudaEventDisableTiming), "cuda fork");
+  TG_CUDA_CHECK(cudaEventCreateWithFlags(&lane.done, cudaEventDisableTiming), "cuda fork");
+  return lane;
+}
+}  // namespace
+
+bool allocation_forbidden() { return in_side_work; }
+
+Fork::Fork(bool on) {
+  if (!on) return;
+  context();
+  lane_ = std::make_unique<Lane>(take_lane());
+  TG_CUDA_CHECK(cudaEventRecord(lane_->forked, stream()), "cuda fork");
+  TG_CUDA_CHECK(cudaStreamWaitEvent(lane_->stream, lane_->forked, 0), "cuda fork");
+}
+
+void Fork::run(const std::function<void()>& work) {
+  if (!lane_) return work();
+  const StreamGuard guard(lane_->stream);
+  in_side_work = true;
+  try {
+    work();
+  } catch (...) {
+    in_side_work = false;
+    throw;
+  }
+  in_side_work = false;
+}
+
+void Fork::join() {
+  if (!lane_) return;
+  const Lane lane = *lane_;
+  lane_.reset();
+  lanes.free.push_back(lane);
+  TG_CUDA_CHECK(cudaEventRecord(lane.done, lane.stream), "cuda fork (join)");
+  TG_CUDA_CHECK(cudaStreamWaitEvent(stream(), lane.done, 0), "cuda fork (join)");
+}
+
+Fork::~Fork() {
+  if (!lane_) return;
+  report_failure(cudaEventRecord(lane_->done, lane_->stream), "cuda fork (join)", "cudaEventRecord");
+  report_failure(cudaStreamWaitEvent(stream(), lane_->done, 0), "cuda fork (join)", "cudaStreamWaitEvent");
+  lanes.free.push_back(*lane_);
+}
 
 cublasHandle_t cublas() {
   Context& ctx = context();

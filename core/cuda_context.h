@@ -26,6 +26,9 @@ cudaStream_t stream();
 cublasHandle_t cublas();
 cudnnHandle_t cudnn();
 
+// True inside a Fork's side work, which must not allocate (the allocator checks).
+bool allocation_forbidden();
+
 void check(cudaError_t status, const char* op, const char* call);
 // Where a failure cannot be thrown (destructors, clean-up on an error path):
 // printed to stderr as "tapegrad: <op>: <call> failed: <reason>".

@@ -17,6 +17,13 @@ std::size_t allocation_size(std::size_t) { return no_cuda_backend<std::size_t>()
 bool sync_debug() { return false; }
 StreamGuard::StreamGuard(void*) : previous_(nullptr), had_previous_(false) { no_cuda_backend(); }
 StreamGuard::~StreamGuard() = default;
+struct Fork::Lane {};
+Fork::Fork(bool on) {
+  if (on) no_cuda_backend();
+}
+Fork::~Fork() = default;
+void Fork::run(const std::function<void()>& work) { work(); }
+void Fork::join() {}
 bool graph_replay_enabled() { return false; }
 struct GraphReplay::State {};
 GraphReplay::GraphReplay() = default;

@@ -218,18 +218,22 @@ Tensor head_view(const Tensor& qkv, int64_t t, int64_t H) {
   return make_view(qkv, {B, H, S, D}, {S * C3, D, C3, 1}, qkv.offset() + t * H * D);
 }
 
-// The gradient of qkv [B,S,3C] for the backward kernels, as g's dq, dk, dv:
-// zeroed where they add to it, the q columns, or all when they do not write
-// dk and dv.
+// The gradient of qkv [B,S,3C] for the backward kernels, as g's dq, dk, dv,
+// not zeroed yet (zero_qkv_gradient); g.keys_zeroed: whether the kernels add
+// to dk and dv too, rather than write them.
 Tensor qkv_gradient(const Tensor& like, const AttentionDims& d, MatmulPrecision precision, bool read,
                     AttentionGradTensors& g) {
-  const int64_t C = d.H * d.D;
-  const TensorOptions opts{like.dtype(), like.device()};
   g.keys_zeroed = !TG_DISPATCH_DEVICE(like, FusedAttentionKernels, writes_key_gradients, d, precision, read);
-  const Tensor dqkv = g.keys_zeroed ? zeros({d.B, d.S, 3 * C}, opts) : empty({d.B, d.S, 3 * C}, opts);
-  if (!g.keys_zeroed) fill_into(rows_view(dqkv, 3 * C).narrow(1, 0, C), 0.0);
+  const Tensor dqkv = empty({d.B, d.S, 3 * d.H * d.D}, {like.dtype(), like.device()});
   g.dq = head_view(dqkv, 0, d.H), g.dk = head_view(dqkv, 1, d.H), g.dv = head_view(dqkv, 2, d.H);
   return dqkv;
+}
+
+// Zeroes what the kernels add to in qkv_gradient's dqkv: the q columns, or all.
+void zero_qkv_gradient(const Tensor& dqkv, const AttentionGradTensors& g) {
+  if (g.keys_zeroed) return fill_into(dqkv, 0.0);
+  const int64_t C3 = dqkv.size(2);
+  fill_into(rows_view(dqkv, C3).narrow(1, 0, C3 / 3), 0.0);
 }
 
 AttentionInputs check_inputs(const Tensor& qkv, const Tensor& e, const Tensor& a, const Tensor& E, const Tensor& w_in,
@@ -319,6 +323,7 @@ Tensor fused_attention(const Tensor& qkv, const Tensor& edit_mask, const Tensor&
         gt.delta = empty({d.B, d.H, d.S}, opts);
         TG_DISPATCH_DEVICE(g, FusedAttentionKernels, row_dot, gt.dout, s[3], gt.delta, d);
         const Tensor dqkv = qkv_gradient(g, d, precision, false, gt);
+        zero_qkv_gradient(dqkv, gt);
         if (needs[1]) {
           gt.dE = empty({d.H, d.M, d.M}, opts);
           zero_edit_bias_gradient(gt.dE, d);
@@ -417,14 +422,7 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
   const TensorOptions opts{x.dtype(), x.device()};
   const Tensor dy = rows_view(in.grad_output, L.C), o = rows_view(in.attention_output, L.C);
 
-  // y = o Wo^T + bo:  dWo = dy^T o, do = dy Wo (dbo, the column sums of dy, with the other biases below).
-  enum { kDy, kO, kWo };
-  const Projections out_proj({dy, o, in.out_weight}, precision);
-  out_proj.into(out.out_weight, kDy, true, kO, false);
-  const Tensor dout = empty({L.B, L.S, L.C}, opts);
-  out_proj.into(rows_view(dout, L.C), kDy, false, kWo, false);
-
-  // The attention core, reading P and Pd.
+  // The attention core's inputs, reading P and Pd.
   AttentionInputs core;
   core.q = in.query, core.k = in.key, core.v = in.value;
   core.edit_mask = in.edit_region_mask, core.attn_mask = in.attention_mask;
@@ -435,15 +433,36 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
   core.scale = scale;
   core.p = dropout_p;  // P and Pd are read, no mask is drawn; p bounds Pd and dS for the fp16 tiles' scales
   AttentionGradTensors g;
-  g.dout = dout;
-  g.delta = empty({L.B, L.H, L.S}, opts);
-  TG_DISPATCH_DEVICE(x, FusedAttentionKernels, row_dot, dout, in.attention_output, g.delta, core.d);
   g.probs = in.attention_probs, g.probs_dropped = in.attention_probs_dropped;
   const Tensor dqkv = qkv_gradient(x, core.d, precision, true, g);
   g.dE = out.edit_region_bias, g.dw_in = out.within_edit_bias.view({L.H}), g.dw_x = out.cross_edit_bias.view({L.H});
-  zero_edit_bias_gradient(g.dE, core.d);
-  const Tensor sums = zeros({2, L.B, L.H, L.S}, opts);  // one fill for both
+  const Tensor sums = empty({2, L.B, L.H, L.S}, opts);  // one fill for both
   g.colsum_ds = sums.narrow(0, 0, 1).squeeze(0), g.rowsum_pd = sums.narrow(0, 1, 1).squeeze(0);
+  // At "high" on CUDA the core reads fp16 copies of q, k and v.
+  const int64_t rows = L.B * L.H * L.S;
+  const std::vector<Tensor> qkv_rows = {in.query.view({rows, L.D}), in.key.view({rows, L.D}), in.value.view({rows, L.D})};
+  if (x.is_cuda() && precision == MatmulPrecision::High && rows > 0) core.qkv_half = fp16_group(qkv_rows);
+
+  // The fills of what the core adds to, and q, k, v's conversion, run beside
+  // the out-projection (on a second CUDA stream): none of them waits for it.
+  cuda::Fork beside(x.is_cuda());
+  beside.run([&] {
+    zero_qkv_gradient(dqkv, g);
+    zero_edit_bias_gradient(g.dE, core.d);
+    fill_into(sums, 0.0);
+    if (!core.qkv_half.matrices.empty()) convert_to_fp16(qkv_rows, core.qkv_half);
+  });
+
+  // y = o Wo^T + bo:  dWo = dy^T o, do = dy Wo (dbo, the column sums of dy, with the other biases below).
+  enum { kDy, kO, kWo };
+  const Projections out_proj({dy, o, in.out_weight}, precision);
+  out_proj.into(out.out_weight, kDy, true, kO, false);
+  const Tensor dout = empty({L.B, L.S, L.C}, opts);
+  out_proj.into(rows_view(dout, L.C), kDy, false, kWo, false);
+  g.dout = dout;
+  g.delta = empty({L.B, L.H, L.S}, opts);
+  TG_DISPATCH_DEVICE(x, FusedAttentionKernels, row_dot, dout, in.attention_output, g.delta, core.d);
+  beside.join();
   TG_DISPATCH_DEVICE(x, FusedAttentionKernels, backward, core, g, precision);
 
   // dbqkv from fp32 sums, not from the tensor-core dq, dk, dv: sum_i dq_i =

@@ -858,26 +858,28 @@ void launch_forward(const AttentionInputs& in, const Tensor& o, const Tensor& ls
   check_launch("fused_attention");
 }
 
-// The backward's fp16 operands: in training q, k, v from the forward's copy
-// of qkv and dout converted here; for the benchmark interface q, k, v and
-// dout converted together (one launch of each to_fp16 kernel). `half` keeps
-// the copies made here alive until the kernel is queued (stream-ordered).
+// The backward's fp16 operands: q, k, v from in.qkv_half (in training the
+// forward's copy of qkv; for the benchmark interface the caller's copies of
+// q, k and v), dout converted here. `half` keeps dout's copy alive until the
+// kernel is queued (stream-ordered).
 HalfOperands half_operands(const AttentionInputs& in, const AttentionGradTensors& g, bool read, Fp16Group& half) {
   const AttentionDims d = in.d;
-  const Tensor dout = rows_view(g.dout, d.H * kD);
-  if (!read) {
-    half = to_fp16({dout});
-    HalfOperands h = qkv_half_operands(in);
-    h.dout = half_values(half, 0);
-    h.scalars[kHalfDO] = half.scalars.data<float>();
-    return h;
+  half = to_fp16({rows_view(g.dout, d.H * kD)});
+  HalfOperands h;
+  if (read) {
+    TG_CHECK(in.qkv_half.matrices.size() == 3, "fused_attention_backward: fp16 tiles reading P need q, k, v's "
+             "fp16 copies (three matrices), got ", in.qkv_half.matrices.size());
+    const auto heads = [&](int t) {
+      return HeadRows<const __half>{half_values(in.qkv_half, t), d.H * d.S * kD, d.S * kD, kD};
+    };
+    const float* s = in.qkv_half.scalars.data<float>();
+    h = {heads(kHalfQ), heads(kHalfK), heads(kHalfV), nullptr, {s, s, s, nullptr}, {0, 1, 2, 0}, pd_scale(in.p)};
+  } else {
+    h = qkv_half_operands(in);
   }
-  const int64_t rows = d.B * d.H * d.S;
-  half = to_fp16({in.q.view({rows, kD}), in.k.view({rows, kD}), in.v.view({rows, kD}), dout});
-  const auto heads = [&](int t) { return HeadRows<const __half>{half_values(half, t), d.H * d.S * kD, d.S * kD, kD}; };
-  const float* s = half.scalars.data<float>();
-  return {heads(kHalfQ), heads(kHalfK), heads(kHalfV), half_values(half, kHalfDO), {s, s, s, s}, {0, 1, 2, 3},
-          pd_scale(in.p)};
+  h.dout = half_values(half, 0);
+  h.scalars[kHalfDO] = half.scalars.data<float>();
+  return h;
 }
 
 // The backward's policy: fp16 tiles at "high", 3xTF32 at "highest";
@@ -990,7 +992,7 @@ void FusedAttentionKernels<Device::CUDA>::backward(const AttentionInputs& in, co
     return;
   }
   check_cuda_batch_heads("fused_attention_backward", in.d.B, in.d.H);
-  const bool half_qkv = !in.qkv_half.matrices.empty();  // q, k, v read from qkv's fp16 copy
+  const bool half_qkv = !in.qkv_half.matrices.empty();  // q, k, v read from fp16 copies
   for (const auto& [t, name] : {std::pair{&in.q, "q"}, {&in.k, "k"}, {&in.v, "v"}, {&g.dq, "dq"}, {&g.dk, "dk"},
                                 {&g.dv, "dv"}})
     if (!half_qkv || t->defined()) check_rows(name, *t);

@@ -31,8 +31,9 @@ inline void check_cuda_batch_heads(const char* op, int64_t B, int64_t H) {
 struct AttentionInputs {
   Tensor q, k, v;                            // undefined in a backward that reads qkv_half
   Tensor qkv;                                // optional: the contiguous [B,S,3C] tensor q, k, v are views of
-  Fp16Group qkv_half;                        // optional (training on CUDA at "high"): qkv's fp16 copy
-                                             // (to_fp16, one matrix), made for the forward, kept for the backward
+  Fp16Group qkv_half;                        // on CUDA at "high": in training qkv's fp16 copy (to_fp16, one
+                                             // matrix), made for the forward, kept for the backward; in the
+                                             // benchmark interface q, k, v's ([B H S, D] each, three matrices)
   Tensor edit_mask, attn_mask;               // [B,S], 0/1, contiguous
   Tensor edit_region_bias, within, cross;    // [H,M,M], [H], [H], contiguous
   AttentionDims d;

@@ -222,11 +222,10 @@ template <>
 void GemmKernels<Device::CUDA>::to_fp16(const std::vector<Tensor>& xs, const Fp16Group& out) {
   using namespace cuda;
   const int count = static_cast<int>(xs.size());
-  const Tensor scratch = empty({2 * count}, {DType::Float32, Device::CUDA});  // amax, then first_scale
   Fp16Batch batch{};
-  batch.amax = reinterpret_cast<unsigned*>(scratch.data<float>());
-  batch.first_scale = scratch.data<float>() + count;
   batch.scalars = out.scalars.data<float>();
+  batch.amax = reinterpret_cast<unsigned*>(batch.scalars + kFp16Scratch);
+  batch.first_scale = batch.scalars + kFp16Scratch + kMaxFp16Group;
   batch.count = count;
   int64_t largest = 0;
   for (int t = 0; t < count; ++t) {

@@ -69,12 +69,18 @@ struct Fp16Group {
   std::vector<Fp16Matrix> matrices;
   // float32: the alpha of pair (i, j) at i kMaxFp16Group + j; 0 (beta) at
   // kFp16Beta; at kFp16BoundScales + i, 2^b_i with max |x_i| 2^b_i in [2^13,
-  // 2^14), for bounds on products of the kernel's own (ops/fused_attention.cu)
+  // 2^14), for bounds on products of the kernel's own (ops/fused_attention.cu);
+  // from kFp16Scratch the conversion's scratch (two values per matrix)
   Tensor scalars;
 };
 constexpr int kFp16Beta = kMaxFp16Group * kMaxFp16Group, kFp16BoundScales = kFp16Beta + 1,
-              kFp16Scalars = kFp16BoundScales + kMaxFp16Group;
+              kFp16Scratch = kFp16BoundScales + kMaxFp16Group, kFp16Scalars = kFp16Scratch + 2 * kMaxFp16Group;
 Fp16Group to_fp16(const std::vector<Tensor>& xs);  // CUDA float32, contiguous 2-D
+// to_fp16 in two steps, for a conversion queued where nothing may be
+// allocated (a cuda::Fork's side work): fp16_group checks xs and allocates
+// their group, convert_to_fp16 (which allocates nothing) fills it.
+Fp16Group fp16_group(const std::vector<Tensor>& xs);
+void convert_to_fp16(const std::vector<Tensor>& xs, const Fp16Group& group);
 // Untracked, CUDA: c = op(A) @ op(B) for matrices a and b of the group, op(x) =
 // x^T where transposed; fp32 accumulation and output, c [n, m] contiguous.
 void gemm_fp16_into(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b, const Tensor& c);

@@ -13,6 +13,7 @@
 #include "cuda_helpers.h"
 #include "op_table.h"
 #include "ops/matmul_kernels.h"
+#include "ops/untracked.h"
 #ifdef TG_CUDA
 #include "core/cuda_context.h"
 #endif
@@ -201,6 +202,47 @@ TEST_CASE("cuda/to_fp16: storage scales, bound scales and alphas" * doctest::ski
     CHECK(amax * b < 0x1p14);
     for (int j = 0; j < 4; ++j) CHECK(sc[size_t(i * K + j)] * sc[size_t(i * K + j)] == sc[size_t(i * K + i)] * sc[size_t(j * K + j)]);
   }
+}
+
+// to_fp16 in two steps (fp16_group, then convert_to_fp16, which allocates
+// nothing) gives to_fp16's values and scalars bit for bit (the scalars of
+// the group's two unused slots are never written: NaN, the allocations'
+// poison, on both sides).
+TEST_CASE("cuda/to_fp16 in two steps equals to_fp16" * doctest::skip(kNoGpu)) {
+  const std::vector<tg::Tensor> xs = {tg::mul(tg::randn({300, 70}), 1e-3).cuda(), tg::randn({33, 5}).cuda()};
+  const tg::Fp16Group whole = tg::to_fp16(xs), steps = tg::fp16_group(xs);
+  tg::convert_to_fp16(xs, steps);
+  CHECK(max_abs_diff(steps.scalars, whole.scalars, true) == 0);
+  for (size_t i = 0; i < xs.size(); ++i) CHECK(max_abs_diff(steps.matrices[i].values, whole.matrices[i].values, true) == 0);
+}
+
+// cuda::Fork: the side work starts after everything queued before the fork
+// (a long queue of fills first, so that a missing wait shows) and the
+// stream's work after the join follows all of it (the side work is long);
+// allocating inside it is an error, and allocation works again after.
+TEST_CASE("cuda/fork: side work between the fork point and the join; it cannot allocate" * doctest::skip(kNoGpu)) {
+  const tg::TensorOptions cuda32{tg::DType::Float32, tg::Device::CUDA};
+  const int64_t n = int64_t(1) << 24;  // 64 MiB per fill, ~16 us each
+  const tg::Tensor a = tg::empty({n}, cuda32), b = tg::empty({n}, cuda32), c = tg::empty({n}, cuda32);
+  for (int round = 1; round <= 3; ++round) {
+    CAPTURE(round);
+    for (int k = 0; k < 20; ++k) tg::fill_into(a, -1.0);
+    tg::fill_into(a, round);
+    tg::cuda::Fork beside(true);
+    beside.run([&] {
+      for (int k = 0; k < 20; ++k) tg::fill_into(b, -2.0);
+      tg::copy_into(b, a);
+    });
+    beside.join();
+    tg::copy_into(c, b);
+    CHECK(max_abs_diff(b, tg::full({n}, round)) == 0);
+    CHECK(max_abs_diff(c, tg::full({n}, round)) == 0);
+  }
+  tg::cuda::Fork beside(true);
+  CHECK(contains(error_of([&] { beside.run([&] { tg::empty({4}, cuda32); }); }),
+                 "cuda allocator: 16 bytes requested inside a cuda::Fork's side work, which must not allocate"));
+  beside.join();
+  CHECK(tg::empty({4}, cuda32).numel() == 4);
 }
 
 TEST_CASE("cuda/dropout: the mask is bit-identical to the CPU's" * doctest::skip(kNoGpu)) {

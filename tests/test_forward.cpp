@@ -124,6 +124,22 @@ TEST_CASE("forward/fp16 GEMM operands: CUDA only, a clear error elsewhere") {
   CHECK_THROWS_WITH(tg::to_fp16({}), doctest::Contains("takes 1 to 4 matrices, got 0"));
   CHECK_THROWS_WITH(tg::to_fp16({tg::ones({2, 2}).transpose(0, 1).contiguous(), tg::ones({2, 3}).transpose(0, 1)}),
                     doctest::Contains("to_fp16: matrix 1 must be contiguous, 2-D, float32 and on cpu like matrix 0; got float32 [3,2] with strides [1,3]"));
+  // In two steps (the group allocated first): the group must be the matrices'.
+  const tg::Fp16Group group = tg::fp16_group({tg::ones({2, 2})});
+  CHECK_THROWS_WITH(tg::convert_to_fp16({tg::ones({2, 3})}, group),
+                    doctest::Contains("to_fp16: matrix 0 [2,3] into a group made for [2, 2]"));
+  CHECK_THROWS_WITH(tg::convert_to_fp16({tg::ones({2, 2}), tg::ones({2, 2})}, group),
+                    doctest::Contains("to_fp16: 2 matrices into a group of 1"));
+  CHECK_THROWS_WITH(tg::convert_to_fp16({tg::ones({2, 2})}, group), doctest::Contains("CUDA only"));
+}
+
+// A cuda::Fork for CPU work (Fork(false)) runs the side work in place.
+TEST_CASE("forward/a fork that is off runs its work in place") {
+  const tg::Tensor t = tg::zeros({3});
+  tg::cuda::Fork beside(false);
+  beside.run([&] { tg::fill_into(t, 2.0); });
+  CHECK(t.to_vector() == std::vector<double>{2, 2, 2});
+  beside.join();
 }
 
 TEST_CASE("forward/linear") {
