@@ -55,8 +55,8 @@ class GraphTask {
     while (!ready.empty()) {
       const std::shared_ptr<Node> node = std::move(ready.back());
       ready.pop_back();
-      const Tensor grad = take_pending(node.get());
-      const std::vector<Tensor> grads = grad.defined() ? call(*node, grad) : std::vector<Tensor>();
+      Tensor grad = take_pending(node.get());
+      const std::vector<Tensor> grads = grad.defined() ? call(*node, std::move(grad)) : std::vector<Tensor>();
       for (size_t k = 0; k < node->edges.size(); ++k) {
         const Edge& edge = node->edges[k];
         if (k < grads.size() && grads[k].defined() && edge.needs_grad()) send(edge, grads[k], *node, k);
@@ -92,14 +92,18 @@ class GraphTask {
     return g;
   }
 
-  std::vector<Tensor> call(Node& n, const Tensor& grad) {
+  // The closure owns the incoming gradient (kept here only for an observer)
+  // and may drop saved tensors early unless the graph is retained.
+  std::vector<Tensor> call(Node& n, Tensor grad) {
     std::lock_guard<std::mutex> lock(n.mutex);
     TG_CHECK(!n.released, "backward: op '", n.name, "' was already freed by an earlier backward(); pass "
              "retain_graph=true to the first call");
-    std::vector<Tensor> grads = n.backward(grad, n.saved, n.needs);
+    const Tensor observed = observer ? grad : Tensor();
+    n.saved.set_retained(retain_graph_);
+    std::vector<Tensor> grads = n.backward(std::move(grad), n.saved, n.needs);
     TG_CHECK(grads.size() == n.edges.size(), "backward: op '", n.name, "' returned ", grads.size(),
              " gradients for ", n.edges.size(), " inputs");
-    if (observer) observer(n, grad, grads);
+    if (observer) observer(n, observed, grads);
     if (!retain_graph_) {
       n.saved.release();
       n.backward = nullptr;
@@ -176,11 +180,20 @@ SavedTensors::SavedTensors(std::vector<Tensor> tensors, std::string op) : op_(st
     tensors_.push_back(t.defined() ? t.detach() : Tensor());
     versions_.push_back(t.defined() ? t.version() : 0);
   }
+  dropped_.assign(tensors_.size(), false);
+}
+
+void SavedTensors::release_early(size_t i) const {
+  TG_CHECK(i < tensors_.size(), op_, ": no saved tensor ", i, " to release");
+  if (retained_) return;
+  tensors_[i] = Tensor();
+  dropped_[i] = true;
 }
 
 const Tensor& SavedTensors::operator[](size_t i) const {
   TG_CHECK(i < tensors_.size(), op_, ": saved tensor ", i, " is gone; the graph was freed by an "
            "earlier backward() (pass retain_graph=true to keep it)");
+  TG_CHECK(!dropped_[i], op_, ": saved tensor ", i, " was read after its backward released it early");
   const Tensor& t = tensors_[i];
   TG_CHECK(!t.defined() || t.version() == versions_[i], op_, ": a tensor of shape ", t.shape(),
            " saved for backward was modified in place since (version ", t.version(),

@@ -33,7 +33,9 @@ struct Edge {
 using GradMask = std::vector<bool>;
 
 // Tensors saved for backward. Reading one checks that no in-place write has
-// happened since it was saved.
+// happened since it was saved. A backward closure done with a saved tensor
+// may drop it before it returns (release_early), to free its memory sooner;
+// that happens only when the engine will not run the node again (set_retained).
 class SavedTensors {
  public:
   SavedTensors() = default;
@@ -41,17 +43,22 @@ class SavedTensors {
   const Tensor& operator[](size_t i) const;
   size_t size() const { return tensors_.size(); }
   void release() { tensors_.clear(); }
+  void set_retained(bool retained) { retained_ = retained; }
+  void release_early(size_t i) const;  // logically const: the closure is done with tensor i
 
  private:
-  std::vector<Tensor> tensors_;
+  mutable std::vector<Tensor> tensors_;
   std::vector<uint64_t> versions_;
+  mutable std::vector<bool> dropped_;
+  bool retained_ = true;
   std::string op_;
 };
 
 // Given dL/d(output), the saved tensors and which inputs need a gradient,
-// returns dL/d(input) per input (undefined where the mask is false).
+// returns dL/d(input) per input (undefined where the mask is false). The
+// closure owns dL/d(output): one that takes it by value may drop it early.
 using BackwardFn =
-    std::function<std::vector<Tensor>(const Tensor& grad_out, const SavedTensors& saved, const GradMask& needs)>;
+    std::function<std::vector<Tensor>(Tensor grad_out, const SavedTensors& saved, const GradMask& needs)>;
 
 struct Node {
   Node();

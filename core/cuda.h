@@ -51,13 +51,14 @@ class StreamGuard {
 // Work queued beside this thread's stream, as with a second CUDA stream
 // forked from it by an event and joined back by another: the constructor
 // marks where stream() stands; run(work) queues work's tapegrad calls on a
-// side stream after that mark; join() (or the destructor) makes stream() wait
-// for them. The side work must not allocate (the caching allocator keeps
-// blocks per stream; an allocation there is an error) nor call cuBLAS (one
-// workspace for every stream): what it writes is allocated before, on
-// stream(), and kept alive until the join. Inside a CUDA graph capture the
-// side work becomes a parallel branch of the graph. Fork(false), for CPU
-// tensors, runs the work in place.
+// side stream after that mark; join() (or the destructor) makes the stream
+// forked from wait for them. The side work must not allocate (the caching
+// allocator keeps blocks per stream; an allocation there is an error) nor
+// call cuBLAS (one workspace for every stream): what it writes is allocated
+// before, on stream(), and kept alive until the join. Inside a CUDA graph
+// capture the side work becomes a parallel branch of the graph (and its side
+// stream serves no work outside that capture until the capture ends).
+// Fork(false), for CPU tensors, runs the work in place.
 class Fork {
  public:
   explicit Fork(bool on);

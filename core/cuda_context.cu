@@ -1,5 +1,6 @@
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <mutex>
 #include <vector>
 
@@ -40,6 +41,7 @@ cudaStream_t stream() { return stream_override ? override_stream : context().str
 struct Fork::Lane {
   cudaStream_t stream = nullptr;
   cudaEvent_t forked = nullptr, done = nullptr;
+  cudaStream_t origin = nullptr;  // the stream forked from, joined back at the end
 };
 
 namespace {
@@ -56,16 +58,30 @@ struct LanePool {
 };
 thread_local LanePool lanes;
 
-Fork::Lane take_lane() {
-  if (!lanes.free.empty()) {
-    const Fork::Lane lane = lanes.free.back();
-    lanes.free.pop_back();
-    return lane;
-  }
+// A join inside a graph capture leaves the side stream in that capture until
+// it ends: such a lane serves only more work of the same capture.
+bool lane_serves(const Fork::Lane& lane, cudaStream_t origin) {
+  cudaStreamCaptureStatus side = cudaStreamCaptureStatusNone, here = cudaStreamCaptureStatusNone;
+  unsigned long long side_id = 0, here_id = 0;
+  TG_CUDA_CHECK(cudaStreamGetCaptureInfo(lane.stream, &side, &side_id), "cuda fork");
+  if (side == cudaStreamCaptureStatusNone) return true;
+  TG_CUDA_CHECK(cudaStreamGetCaptureInfo(origin, &here, &here_id), "cuda fork");
+  return side == cudaStreamCaptureStatusActive && here == cudaStreamCaptureStatusActive && side_id == here_id;
+}
+
+Fork::Lane take_lane(cudaStream_t origin) {
+  for (auto it = lanes.free.rbegin(); it != lanes.free.rend(); ++it)
+    if (lane_serves(*it, origin)) {
+      Fork::Lane lane = *it;
+      lanes.free.erase(std::next(it).base());
+      lane.origin = origin;
+      return lane;
+    }
   Fork::Lane lane;
   TG_CUDA_CHECK(cudaStreamCreateWithFlags(&lane.stream, cudaStreamNonBlocking), "cuda fork");
   TG_CUDA_CHECK(cudaEventCreateWithFlags(&lane.forked, cudaEventDisableTiming), "cuda fork");
   TG_CUDA_CHECK(cudaEventCreateWithFlags(&lane.done, cudaEventDisableTiming), "cuda fork");
+  lane.origin = origin;
   return lane;
 }
 }  // namespace
@@ -75,22 +91,29 @@ bool allocation_forbidden() { return in_side_work; }
 Fork::Fork(bool on) {
   if (!on) return;
   context();
-  lane_ = std::make_unique<Lane>(take_lane());
-  TG_CUDA_CHECK(cudaEventRecord(lane_->forked, stream()), "cuda fork");
-  TG_CUDA_CHECK(cudaStreamWaitEvent(lane_->stream, lane_->forked, 0), "cuda fork");
+  const Lane lane = take_lane(stream());
+  try {
+    TG_CUDA_CHECK(cudaEventRecord(lane.forked, lane.origin), "cuda fork");
+    TG_CUDA_CHECK(cudaStreamWaitEvent(lane.stream, lane.forked, 0), "cuda fork");
+  } catch (...) {
+    lanes.free.push_back(lane);
+    throw;
+  }
+  lane_ = std::make_unique<Lane>(lane);
 }
 
 void Fork::run(const std::function<void()>& work) {
   if (!lane_) return work();
   const StreamGuard guard(lane_->stream);
+  const bool outer = in_side_work;  // a fork inside side work restores the check as it was
   in_side_work = true;
   try {
     work();
   } catch (...) {
-    in_side_work = false;
+    in_side_work = outer;
     throw;
   }
-  in_side_work = false;
+  in_side_work = outer;
 }
 
 void Fork::join() {
@@ -99,13 +122,13 @@ void Fork::join() {
   lane_.reset();
   lanes.free.push_back(lane);
   TG_CUDA_CHECK(cudaEventRecord(lane.done, lane.stream), "cuda fork (join)");
-  TG_CUDA_CHECK(cudaStreamWaitEvent(stream(), lane.done, 0), "cuda fork (join)");
+  TG_CUDA_CHECK(cudaStreamWaitEvent(lane.origin, lane.done, 0), "cuda fork (join)");
 }
 
 Fork::~Fork() {
   if (!lane_) return;
   report_failure(cudaEventRecord(lane_->done, lane_->stream), "cuda fork (join)", "cudaEventRecord");
-  report_failure(cudaStreamWaitEvent(stream(), lane_->done, 0), "cuda fork (join)", "cudaStreamWaitEvent");
+  report_failure(cudaStreamWaitEvent(lane_->origin, lane_->done, 0), "cuda fork (join)", "cudaStreamWaitEvent");
   lanes.free.push_back(*lane_);
 }
 

@@ -310,7 +310,7 @@ Tensor fused_attention(const Tensor& qkv, const Tensor& edit_mask, const Tensor&
       OpId::fused_attention, o, {qkv, E, w_in, w_x},
       {unless_half(in.q), unless_half(in.k), unless_half(in.v), o, lse, in.edit_mask, in.attn_mask,
        in.edit_region_bias, in.within, in.cross, half_values, in.qkv_half.scalars},
-      [meta, precision, half_rows, half_cols](const Tensor& g, const auto& s, const autograd::GradMask& needs) {
+      [meta, precision, half_rows, half_cols](Tensor g, const auto& s, const autograd::GradMask& needs) {
         AttentionInputs in = meta;
         in.q = s[0], in.k = s[1], in.v = s[2], in.edit_mask = s[5], in.attn_mask = s[6];
         in.edit_region_bias = s[7], in.within = s[8], in.cross = s[9];
@@ -319,17 +319,25 @@ Tensor fused_attention(const Tensor& qkv, const Tensor& edit_mask, const Tensor&
         const TensorOptions opts{g.dtype(), g.device()};
         AttentionGradTensors gt;
         gt.dout = materialize_aligned(g);
+        g = Tensor();
         gt.lse = s[4];
         gt.delta = empty({d.B, d.H, d.S}, opts);
-        TG_DISPATCH_DEVICE(g, FusedAttentionKernels, row_dot, gt.dout, s[3], gt.delta, d);
-        const Tensor dqkv = qkv_gradient(g, d, precision, false, gt);
+        TG_DISPATCH_DEVICE(gt.dout, FusedAttentionKernels, row_dot, gt.dout, s[3], gt.delta, d);
+        s.release_early(3);  // o: only row_dot reads it
+        // With fp16 tiles the kernel reads dO's fp16 copy: the float dO goes
+        // before the gradients' buffers are allocated.
+        if (!in.qkv_half.matrices.empty()) {
+          gt.dout_half = to_fp16({rows_view(gt.dout, d.H * d.D)});
+          gt.dout = Tensor();
+        }
+        const Tensor dqkv = qkv_gradient(gt.delta, d, precision, false, gt);
         zero_qkv_gradient(dqkv, gt);
         if (needs[1]) {
           gt.dE = empty({d.H, d.M, d.M}, opts);
           zero_edit_bias_gradient(gt.dE, d);
         }
         if (needs[2] || needs[3]) gt.dw_in = empty({d.H}, opts), gt.dw_x = empty({d.H}, opts);
-        TG_DISPATCH_DEVICE(g, FusedAttentionKernels, backward, in, gt, precision);
+        TG_DISPATCH_DEVICE(dqkv, FusedAttentionKernels, backward, in, gt, precision);
         return std::vector<Tensor>{autograd::keep_if(needs[0], dqkv), gt.dE,
                                    autograd::grad_if(needs[2], [&] { return gt.dw_in.view({d.H, 1, 1}); }),
                                    autograd::grad_if(needs[3], [&] { return gt.dw_x.view({d.H, 1, 1}); })};
@@ -462,6 +470,7 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
   g.dout = dout;
   g.delta = empty({L.B, L.H, L.S}, opts);
   TG_DISPATCH_DEVICE(x, FusedAttentionKernels, row_dot, dout, in.attention_output, g.delta, core.d);
+  if (!core.qkv_half.matrices.empty()) g.dout_half = to_fp16({rows_view(dout, L.C)});
   beside.join();
   TG_DISPATCH_DEVICE(x, FusedAttentionKernels, backward, core, g, precision);
 

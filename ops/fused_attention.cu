@@ -860,11 +860,10 @@ void launch_forward(const AttentionInputs& in, const Tensor& o, const Tensor& ls
 
 // The backward's fp16 operands: q, k, v from in.qkv_half (in training the
 // forward's copy of qkv; for the benchmark interface the caller's copies of
-// q, k and v), dout converted here. `half` keeps dout's copy alive until the
-// kernel is queued (stream-ordered).
-HalfOperands half_operands(const AttentionInputs& in, const AttentionGradTensors& g, bool read, Fp16Group& half) {
+// q, k and v), dout from g.dout_half.
+HalfOperands half_operands(const AttentionInputs& in, const AttentionGradTensors& g, bool read) {
   const AttentionDims d = in.d;
-  half = to_fp16({rows_view(g.dout, d.H * kD)});
+  TG_CHECK(g.dout_half.matrices.size() == 1, "fused_attention_backward: fp16 tiles need dout's fp16 copy");
   HalfOperands h;
   if (read) {
     TG_CHECK(in.qkv_half.matrices.size() == 3, "fused_attention_backward: fp16 tiles reading P need q, k, v's "
@@ -877,8 +876,8 @@ HalfOperands half_operands(const AttentionInputs& in, const AttentionGradTensors
   } else {
     h = qkv_half_operands(in);
   }
-  h.dout = half_values(half, 0);
-  h.scalars[kHalfDO] = half.scalars.data<float>();
+  h.dout = half_values(g.dout_half, 0);
+  h.scalars[kHalfDO] = g.dout_half.scalars.data<float>();
   return h;
 }
 
@@ -930,15 +929,14 @@ void launch_backward(const AttentionInputs& in, const AttentionGradTensors& g) {
   const TensorOptions f64{DType::Float64, Device::CUDA};
   const Tensor dw_sums = sums && !row_sums ? zeros({2, d.H}, f64) : Tensor();
   const Tensor rows = sums && row_sums ? zeros({4, d.B, d.H, d.S}, f64) : Tensor();
-  Fp16Group half;
   BackwardArgs args{head_rows<const float>(in.q), head_rows<const float>(in.k), head_rows<const float>(in.v),
-                    g.dout.data<float>(), data_or_null<float>(g.lse), g.delta.data<float>(),
+                    data_or_null<float>(g.dout), data_or_null<float>(g.lse), g.delta.data<float>(),
                     data_or_null<float>(g.probs), data_or_null<float>(g.probs_dropped),
                     head_rows<float>(g.dq), head_rows<float>(g.dk), head_rows<float>(g.dv),
                     data_or_null<float>(g.dE), data_or_null<double>(dw_sums),
                     data_or_null<float>(g.colsum_ds), data_or_null<float>(g.rowsum_pd),
                     data_or_null<double>(rows), HalfOperands{}, score_args(in), splits};
-  if constexpr (Layout::kHalf) args.half = half_operands(in, g, kRead, half);
+  if constexpr (Layout::kHalf) args.half = half_operands(in, g, kRead);
   allow_shared_memory<attention_backward_kernel<Mma, kRead>>(Layout::kBytes);
   const dim3 grid(static_cast<unsigned>(key_tiles * splits), static_cast<unsigned>(d.B * d.H));
   attention_backward_kernel<Mma, kRead><<<grid, kBwdThreads, Layout::kBytes, stream()>>>(args);
@@ -996,7 +994,7 @@ void FusedAttentionKernels<Device::CUDA>::backward(const AttentionInputs& in, co
   for (const auto& [t, name] : {std::pair{&in.q, "q"}, {&in.k, "k"}, {&in.v, "v"}, {&g.dq, "dq"}, {&g.dk, "dk"},
                                 {&g.dv, "dv"}})
     if (!half_qkv || t->defined()) check_rows(name, *t);
-  check_aligned("dout", g.dout, 16);
+  if (g.dout_half.matrices.empty()) check_aligned("dout", g.dout, 16);  // read as float tiles
   TG_CHECK(!g.probs.defined() || (g.colsum_ds.defined() && g.rowsum_pd.defined()),
            "fused_attention_backward: reading P needs the column and row sum outputs");
   with_backward_policy(precision, g.probs.defined(), [&](auto mma, auto read) {

@@ -51,7 +51,8 @@ struct AttentionInputs {
 // sums of Pd [B,H,S] (for the careful bias gradient of the benchmark). dw_in
 // and dw_x [H], when defined, are written (zeros for an empty problem).
 struct AttentionGradTensors {
-  Tensor dout;                  // dL/do [B,S,C], contiguous
+  Tensor dout;                  // dL/do [B,S,C], contiguous (undefined where the kernel reads dout_half)
+  Fp16Group dout_half;          // on CUDA at "high": dout's fp16 copy (to_fp16 of its [B S, C] rows), which the kernel reads
   Tensor lse, delta;            // [B,H,S]
   Tensor probs, probs_dropped;  // optional [B,H,S,S]
   Tensor dq, dk, dv, dE, dw_in, dw_x;

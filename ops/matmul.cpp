@@ -246,28 +246,33 @@ Tensor linear_impl(OpId op, const Tensor& x, const Tensor& w_in, const Tensor& b
   Tensor y = y2.view(out_shape);
   const GradMask m = autograd::grad_mask({x, w_in, b});
   return autograd::record(op, y, {x, w_in, b}, {autograd::keep_if(m[1], x2), autograd::keep_if(m[0], w)},
-                          [precision, half, x_shape = x.shape(), out_features](const Tensor& g, const auto& s,
+                          [precision, half, x_shape = x.shape(), out_features](Tensor g, const auto& s,
                                                                                const GradMask& needs) {
-    const Tensor g2 = rows_view(materialize(g), out_features);
+    Tensor g2 = rows_view(materialize(g), out_features);
     if (!half)
       return Grads{grad_if(needs[0], [&] { return matmul(g2, s[1], precision).view(x_shape); }),
                    grad_if(needs[1], [&] { return matmul(g2.transpose(0, 1), s[0], precision); }),
                    grad_if(needs[2], [&] { return sum(g2, {0}); })};  // column sums in g's own dtype, never TF32
-    // g, then W (for dx) and x (for dW) as needed, converted together.
+    // db from the float g; then g, W (for dx) and x (for dW) as needed,
+    // converted together, and the float g dropped before the products' outputs exist.
+    Tensor db = grad_if(needs[2], [&] { return sum(g2, {0}); });
     std::vector<Tensor> matrices{g2};
     const int iw = needs[0] ? int(matrices.size()) : -1;
     if (needs[0]) matrices.push_back(s[1]);
     const int ix = needs[1] ? int(matrices.size()) : -1;
     if (needs[1]) matrices.push_back(s[0]);
     const Fp16Group group = needs[0] || needs[1] ? to_fp16(matrices) : Fp16Group{};
+    const TensorOptions opts{g.dtype(), g.device()};
+    const int64_t rows = g2.size(0);
+    matrices.clear();
+    g = g2 = Tensor();
     const auto product = [&](int a, bool transpose_a, int b, Shape shape) {
-      Tensor c = empty(shape, {g.dtype(), g.device()});
+      Tensor c = empty(shape, opts);
       gemm_fp16_into(group, a, transpose_a, b, false, c);
       return c;
     };
-    return Grads{grad_if(needs[0], [&] { return product(0, false, iw, {g2.size(0), s[1].size(1)}).view(x_shape); }),
-                 grad_if(needs[1], [&] { return product(0, true, ix, {out_features, s[0].size(1)}); }),
-                 grad_if(needs[2], [&] { return sum(g2, {0}); })};
+    return Grads{grad_if(needs[0], [&] { return product(0, false, iw, {rows, s[1].size(1)}).view(x_shape); }),
+                 grad_if(needs[1], [&] { return product(0, true, ix, {out_features, s[0].size(1)}); }), db};
   });
 }
 

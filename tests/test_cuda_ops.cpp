@@ -217,24 +217,28 @@ TEST_CASE("cuda/to_fp16 in two steps equals to_fp16" * doctest::skip(kNoGpu)) {
 }
 
 // cuda::Fork: the side work starts after everything queued before the fork
-// (a long queue of fills first, so that a missing wait shows) and the
-// stream's work after the join follows all of it (the side work is long);
-// allocating inside it is an error, and allocation works again after.
+// (its first copy reads `a`, which ends a long queue of fills on the stream,
+// so that a missing wait reads a -1 or the previous round), and the stream's
+// work after the join follows all of it (the side work ends with a long
+// queue of fills of `d`, so that a missing join reads a -2); allocating
+// inside it is an error, and allocation works again after.
 TEST_CASE("cuda/fork: side work between the fork point and the join; it cannot allocate" * doctest::skip(kNoGpu)) {
   const tg::TensorOptions cuda32{tg::DType::Float32, tg::Device::CUDA};
   const int64_t n = int64_t(1) << 24;  // 64 MiB per fill, ~16 us each
-  const tg::Tensor a = tg::empty({n}, cuda32), b = tg::empty({n}, cuda32), c = tg::empty({n}, cuda32);
+  const tg::Tensor a = tg::empty({n}, cuda32), b = tg::empty({n}, cuda32), c = tg::empty({n}, cuda32),
+                   d = tg::empty({n}, cuda32);
   for (int round = 1; round <= 3; ++round) {
     CAPTURE(round);
     for (int k = 0; k < 20; ++k) tg::fill_into(a, -1.0);
     tg::fill_into(a, round);
     tg::cuda::Fork beside(true);
     beside.run([&] {
-      for (int k = 0; k < 20; ++k) tg::fill_into(b, -2.0);
       tg::copy_into(b, a);
+      for (int k = 0; k < 20; ++k) tg::fill_into(d, -2.0);
+      tg::fill_into(d, round);
     });
     beside.join();
-    tg::copy_into(c, b);
+    tg::copy_into(c, d);
     CHECK(max_abs_diff(b, tg::full({n}, round)) == 0);
     CHECK(max_abs_diff(c, tg::full({n}, round)) == 0);
   }
