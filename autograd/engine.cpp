@@ -193,7 +193,8 @@ void SavedTensors::release_early(size_t i) const {
 const Tensor& SavedTensors::operator[](size_t i) const {
   TG_CHECK(i < tensors_.size(), op_, ": saved tensor ", i, " is gone; the graph was freed by an "
            "earlier backward() (pass retain_graph=true to keep it)");
-  TG_CHECK(!dropped_[i], op_, ": saved tensor ", i, " was read after its backward released it early");
+  TG_CHECK(!dropped_[i], op_, ": saved tensor ", i, " was released early by an earlier run of this backward, "
+           "which freed the graph as it went (pass retain_graph=true to run it again)");
   const Tensor& t = tensors_[i];
   TG_CHECK(!t.defined() || t.version() == versions_[i], op_, ": a tensor of shape ", t.shape(),
            " saved for backward was modified in place since (version ", t.version(),

@@ -56,7 +56,9 @@ class SavedTensors {
 
 // Given dL/d(output), the saved tensors and which inputs need a gradient,
 // returns dL/d(input) per input (undefined where the mask is false). The
-// closure owns dL/d(output): one that takes it by value may drop it early.
+// closure holds the engine's only handle to dL/d(output): one that takes it
+// by value may drop it early. It never writes into it (the same tensor may be
+// another node's gradient too, or the caller's seed).
 using BackwardFn =
     std::function<std::vector<Tensor>(Tensor grad_out, const SavedTensors& saved, const GradMask& needs)>;
 

@@ -256,39 +256,43 @@ TEST_CASE("engine/gradients must match their input's shape, dtype and device; a 
                  "backward: tensors have different dtypes"));
 }
 
-// A closure owns dL/d(output) (it is the only holder: one that takes it by
-// value can free it before the closure returns; an observer keeps a second
-// handle) and may drop a saved tensor it is done with (release_early), which
-// happens only when the graph is not retained: then reading it again is an
-// error, while a retained graph runs the same closure twice.
+// A closure holds the engine's only handle to dL/d(output) (one that takes
+// it by value can free it before it returns; an observer keeps a second
+// handle; the gradient here comes from an op that returns a fresh tensor) and
+// may drop a saved tensor it is done with (release_early), which happens only
+// when the graph is not retained: then reading it again is an error, while a
+// retained graph runs the same closure twice.
 TEST_CASE("engine/a backward owns its incoming gradient and releases saved tensors early unless retained") {
   tg::Tensor a = leaf({1, 2});
   long owners = 0;
   std::string read_after;
   const auto op = [&] {
-    return tg::autograd::record("owner", tg::mul(a.detach(), a.detach()), {a}, {a.detach()},
-                                [&](tg::Tensor g, const auto& s, const auto&) {
-                                  owners = g.impl().use_count();
-                                  std::vector<tg::Tensor> grads{tg::mul(g, tg::mul(s[0], 2.0))};
-                                  s.release_early(0);
-                                  read_after = error_of([&] { (void)s[0]; });
-                                  return grads;
-                                });
+    const tg::Tensor y = tg::autograd::record("owner", tg::mul(a.detach(), a.detach()), {a}, {a.detach()},
+                                              [&](tg::Tensor g, const auto& s, const auto&) {
+                                                owners = g.impl().use_count();
+                                                std::vector<tg::Tensor> grads{tg::mul(g, tg::mul(s[0], 2.0))};
+                                                s.release_early(0);
+                                                read_after = error_of([&] { (void)s[0]; });
+                                                return grads;
+                                              });
+    return tg::sum(tg::autograd::record("fresh", tg::add(y.detach(), 0.0), {y}, {}, [](const tg::Tensor& g, const auto&, const auto&) {
+      return std::vector<tg::Tensor>{tg::mul(g, 1.0)};
+    }));
   };
-  tg::sum(op()).backward();
+  op().backward();
   CHECK(owners == 1);
-  CHECK(contains(read_after, "owner: saved tensor 0 was read after its backward released it early"));
+  CHECK(contains(read_after, "owner: saved tensor 0 was released early by an earlier run of this backward"));
   CHECK(a.grad().to_vector() == std::vector<double>{2, 4});
   a.zero_grad();
-  const tg::Tensor retained = tg::sum(op());
+  const tg::Tensor retained = op();
   retained.backward(tg::Tensor(), /*retain_graph=*/true);
   CHECK(read_after.empty());
   retained.backward();  // the last run: released
-  CHECK(contains(read_after, "released it early"));
+  CHECK(contains(read_after, "pass retain_graph=true to run it again"));
   CHECK(a.grad().to_vector() == std::vector<double>{4, 8});
   {
     const tg::autograd::ObserveBackward observe([](const auto&, const auto&, const auto&) {});
-    tg::sum(op()).backward();
+    op().backward();
   }
   CHECK(owners == 2);
 }
