@@ -259,19 +259,22 @@ TEST_CASE("engine/gradients must match their input's shape, dtype and device; a 
 // A closure holds the engine's only handle to dL/d(output) (one that takes
 // it by value can free it before it returns; an observer keeps a second
 // handle; the gradient here comes from an op that returns a fresh tensor) and
-// may drop a saved tensor it is done with (release_early), which happens only
+// may drop a saved tensor it is done with (release_early), which frees it only
 // when the graph is not retained: then reading it again is an error, while a
 // retained graph runs the same closure twice.
 TEST_CASE("engine/a backward owns its incoming gradient and releases saved tensors early unless retained") {
   tg::Tensor a = leaf({1, 2});
   long owners = 0;
+  bool freed = false;
   std::string read_after;
   const auto op = [&] {
     const tg::Tensor y = tg::autograd::record("owner", tg::mul(a.detach(), a.detach()), {a}, {a.detach()},
                                               [&](tg::Tensor g, const auto& s, const auto&) {
                                                 owners = g.impl().use_count();
                                                 std::vector<tg::Tensor> grads{tg::mul(g, tg::mul(s[0], 2.0))};
+                                                const std::weak_ptr<tg::TensorImpl> held = s[0].impl();
                                                 s.release_early(0);
+                                                freed = held.expired();
                                                 read_after = error_of([&] { (void)s[0]; });
                                                 return grads;
                                               });
@@ -281,13 +284,16 @@ TEST_CASE("engine/a backward owns its incoming gradient and releases saved tenso
   };
   op().backward();
   CHECK(owners == 1);
+  CHECK(freed);
   CHECK(contains(read_after, "owner: saved tensor 0 was released early by an earlier run of this backward"));
   CHECK(a.grad().to_vector() == std::vector<double>{2, 4});
   a.zero_grad();
   const tg::Tensor retained = op();
   retained.backward(tg::Tensor(), /*retain_graph=*/true);
+  CHECK(!freed);
   CHECK(read_after.empty());
   retained.backward();  // the last run: released
+  CHECK(freed);
   CHECK(contains(read_after, "pass retain_graph=true to run it again"));
   CHECK(a.grad().to_vector() == std::vector<double>{4, 8});
   {

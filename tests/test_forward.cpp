@@ -128,6 +128,8 @@ TEST_CASE("forward/fp16 GEMM operands: CUDA only, a clear error elsewhere") {
   const tg::Fp16Group group = tg::fp16_group({tg::ones({2, 2})});
   CHECK_THROWS_WITH(tg::convert_to_fp16({tg::ones({2, 3})}, group),
                     doctest::Contains("to_fp16: matrix 0 [2,3] into a group made for [2, 2]"));
+  CHECK_THROWS_WITH(tg::convert_to_fp16({tg::ones({1, 4})}, group),
+                    doctest::Contains("to_fp16: matrix 0 [1,4] into a group made for [2, 2]"));
   CHECK_THROWS_WITH(tg::convert_to_fp16({tg::ones({2, 2}), tg::ones({2, 2})}, group),
                     doctest::Contains("to_fp16: 2 matrices into a group of 1"));
   CHECK_THROWS_WITH(tg::convert_to_fp16({tg::ones({2, 2})}, group), doctest::Contains("CUDA only"));
