@@ -38,9 +38,31 @@ cudaStream_t stream() { return stream_override ? override_stream : context().str
 // ---- Fork: a side stream and its two events, kept per thread (a lane taken
 // by one thread's fork never joins another thread's graph capture) and reused.
 
+SideStream SideStream::create(const char* op) {
+  SideStream s;
+  TG_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking), op);
+  TG_CUDA_CHECK(cudaEventCreateWithFlags(&s.forked, cudaEventDisableTiming), op);
+  TG_CUDA_CHECK(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming), op);
+  return s;
+}
+
+void SideStream::follow(cudaStream_t origin, const char* op) const {
+  TG_CUDA_CHECK(cudaEventRecord(forked, origin), op);
+  TG_CUDA_CHECK(cudaStreamWaitEvent(stream, forked, 0), op);
+}
+
+void SideStream::rejoin(cudaStream_t origin, const char* op) const {
+  TG_CUDA_CHECK(cudaEventRecord(done, stream), op);
+  TG_CUDA_CHECK(cudaStreamWaitEvent(origin, done, 0), op);
+}
+
+void SideStream::rejoin_reporting(cudaStream_t origin, const char* op) const {
+  report_failure(cudaEventRecord(done, stream), op, "cudaEventRecord");
+  report_failure(cudaStreamWaitEvent(origin, done, 0), op, "cudaStreamWaitEvent");
+}
+
 struct Fork::Lane {
-  cudaStream_t stream = nullptr;
-  cudaEvent_t forked = nullptr, done = nullptr;
+  SideStream side;
   cudaStream_t origin = nullptr;  // the stream forked from, joined back at the end
 };
 
@@ -51,8 +73,8 @@ struct LanePool {
   std::vector<Fork::Lane> free;
   ~LanePool() {  // at thread exit; at process exit the runtime may already be gone
     for (const Fork::Lane& lane : free)
-      for (const cudaError_t status :
-           {cudaEventDestroy(lane.forked), cudaEventDestroy(lane.done), cudaStreamDestroy(lane.stream)})
+      for (const cudaError_t status : {cudaEventDestroy(lane.side.forked), cudaEventDestroy(lane.side.done),
+                                       cudaStreamDestroy(lane.side.stream)})
         if (status != cudaErrorCudartUnloading) report_failure(status, "cuda fork", "destroying a side stream");
   }
 };
@@ -63,7 +85,7 @@ thread_local LanePool lanes;
 bool lane_serves(const Fork::Lane& lane, cudaStream_t origin) {
   cudaStreamCaptureStatus side = cudaStreamCaptureStatusNone, here = cudaStreamCaptureStatusNone;
   unsigned long long side_id = 0, here_id = 0;
-  TG_CUDA_CHECK(cudaStreamGetCaptureInfo(lane.stream, &side, &side_id), "cuda fork");
+  TG_CUDA_CHECK(cudaStreamGetCaptureInfo(lane.side.stream, &side, &side_id), "cuda fork");
   if (side == cudaStreamCaptureStatusNone) return true;
   TG_CUDA_CHECK(cudaStreamGetCaptureInfo(origin, &here, &here_id), "cuda fork");
   return side == cudaStreamCaptureStatusActive && here == cudaStreamCaptureStatusActive && side_id == here_id;
@@ -77,12 +99,7 @@ Fork::Lane take_lane(cudaStream_t origin) {
       lane.origin = origin;
       return lane;
     }
-  Fork::Lane lane;
-  TG_CUDA_CHECK(cudaStreamCreateWithFlags(&lane.stream, cudaStreamNonBlocking), "cuda fork");
-  TG_CUDA_CHECK(cudaEventCreateWithFlags(&lane.forked, cudaEventDisableTiming), "cuda fork");
-  TG_CUDA_CHECK(cudaEventCreateWithFlags(&lane.done, cudaEventDisableTiming), "cuda fork");
-  lane.origin = origin;
-  return lane;
+  return {SideStream::create("cuda fork"), origin};
 }
 }  // namespace
 
@@ -93,8 +110,7 @@ Fork::Fork(bool on) {
   context();
   const Lane lane = take_lane(stream());
   try {
-    TG_CUDA_CHECK(cudaEventRecord(lane.forked, lane.origin), "cuda fork");
-    TG_CUDA_CHECK(cudaStreamWaitEvent(lane.stream, lane.forked, 0), "cuda fork");
+    lane.side.follow(lane.origin, "cuda fork");
   } catch (...) {
     lanes.free.push_back(lane);
     throw;
@@ -104,7 +120,7 @@ Fork::Fork(bool on) {
 
 void Fork::run(const std::function<void()>& work) {
   if (!lane_) return work();
-  const StreamGuard guard(lane_->stream);
+  const StreamGuard guard(lane_->side.stream);
   const bool outer = in_side_work;  // a fork inside side work restores the check as it was
   in_side_work = true;
   try {
@@ -121,14 +137,12 @@ void Fork::join() {
   const Lane lane = *lane_;
   lane_.reset();
   lanes.free.push_back(lane);
-  TG_CUDA_CHECK(cudaEventRecord(lane.done, lane.stream), "cuda fork (join)");
-  TG_CUDA_CHECK(cudaStreamWaitEvent(lane.origin, lane.done, 0), "cuda fork (join)");
+  lane.side.rejoin(lane.origin, "cuda fork (join)");
 }
 
 Fork::~Fork() {
   if (!lane_) return;
-  report_failure(cudaEventRecord(lane_->done, lane_->stream), "cuda fork (join)", "cudaEventRecord");
-  report_failure(cudaStreamWaitEvent(lane_->origin, lane_->done, 0), "cuda fork (join)", "cudaStreamWaitEvent");
+  lane_->side.rejoin_reporting(lane_->origin, "cuda fork (join)");
   lanes.free.push_back(*lane_);
 }
 

@@ -29,6 +29,18 @@ cudnnHandle_t cudnn();
 // True inside a Fork's side work, which must not allocate (the allocator checks).
 bool allocation_forbidden();
 
+// A second stream and the two events that order it after another stream
+// (follow) and that stream after it (rejoin): Fork's side streams and
+// GraphReplay's private stream.
+struct SideStream {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t forked = nullptr, done = nullptr;
+  static SideStream create(const char* op);
+  void follow(cudaStream_t origin, const char* op) const;  // its next work after origin's so far
+  void rejoin(cudaStream_t origin, const char* op) const;  // origin's next work after its so far
+  void rejoin_reporting(cudaStream_t origin, const char* op) const;  // the same where it cannot throw
+};
+
 void check(cudaError_t status, const char* op, const char* call);
 // Where a failure cannot be thrown (destructors, clean-up on an error path):
 // printed to stderr as "tapegrad: <op>: <call> failed: <reason>".

@@ -1,6 +1,5 @@
 // GraphReplay (core/cuda.h): repeated calls replayed from a CUDA graph.
 #include <algorithm>
-#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -48,8 +47,7 @@ struct GraphReplay::State {
   cudaGraphExec_t exec = nullptr;  // its graph, once captured
   std::size_t launches = 0;
   int device = -1;                 // the private stream's
-  cudaStream_t side = nullptr;     // the private stream
-  cudaEvent_t fork = nullptr, join = nullptr;
+  SideStream side;                 // the private stream
 
   bool runs_directly() const { return calls == 1 || failed_captures >= kMaxFailedCaptures || keeps_memory; }
 
@@ -64,20 +62,13 @@ struct GraphReplay::State {
     if (!exec) return;
     report_failure(cudaGraphExecDestroy(exec), "graph replay", "cudaGraphExecDestroy");  // a launch in flight completes first
     exec = nullptr;
-    unpin_stream(side);  // its blocks may go once the device is synchronised (as empty_cache does first)
+    unpin_stream(side.stream);  // its blocks may go once the device is synchronised (as empty_cache does first)
   }
 
   void make_stream() {
-    if (side) return;
-    cudaStream_t s = nullptr;
-    cudaEvent_t f = nullptr, j = nullptr;
-    TG_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "graph replay");
-    TG_CUDA_CHECK(cudaEventCreateWithFlags(&f, cudaEventDisableTiming), "graph replay");
-    TG_CUDA_CHECK(cudaEventCreateWithFlags(&j, cudaEventDisableTiming), "graph replay");
+    if (side.stream) return;
+    side = SideStream::create("graph replay");
     device = current_device();
-    side = s;
-    fork = f;
-    join = j;
   }
 
   // The second call: fills the private stream's cache with the blocks the
@@ -85,7 +76,7 @@ struct GraphReplay::State {
   void warm(const std::function<void()>& work) {
     const std::size_t live = memory_stats().live_blocks;
     {
-      const StreamGuard guard(side);
+      const StreamGuard guard(side.stream);
       work();
     }
     keeps_memory = memory_stats().live_blocks != live;
@@ -95,24 +86,24 @@ struct GraphReplay::State {
   // blocks pinned from before the work returns them; false (nothing captured,
   // nothing pinned, no error left behind) where the capture fails.
   bool capture(const std::function<void()>& work) {
-    pin_stream(side);
+    pin_stream(side.stream);
     cudaGraph_t graph = nullptr;
-    bool ok = cudaStreamBeginCapture(side, cudaStreamCaptureModeRelaxed) == cudaSuccess;
+    bool ok = cudaStreamBeginCapture(side.stream, cudaStreamCaptureModeRelaxed) == cudaSuccess;
     if (ok) {
       try {
-        const StreamGuard guard(side);
+        const StreamGuard guard(side.stream);
         work();
       } catch (...) {  // e.g. a call that capture does not allow
         ok = false;
       }
-      ok = cudaStreamEndCapture(side, &graph) == cudaSuccess && ok;
+      ok = cudaStreamEndCapture(side.stream, &graph) == cudaSuccess && ok;
     }
     ok = ok && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
     if (graph) report_failure(cudaGraphDestroy(graph), "graph replay", "cudaGraphDestroy");
     if (!ok) {
       cudaGetLastError();  // the failed capture's error, not the caller's
       exec = nullptr;
-      unpin_stream(side);
+      unpin_stream(side.stream);
     }
     return ok;
   }
@@ -123,10 +114,10 @@ struct GraphReplay::State {
     if (calls == 2) return warm(work);
     if (!exec && !capture(work)) {
       ++failed_captures;
-      const StreamGuard guard(side);
+      const StreamGuard guard(side.stream);
       return work();
     }
-    TG_CUDA_CHECK(cudaGraphLaunch(exec, side), "graph replay");
+    TG_CUDA_CHECK(cudaGraphLaunch(exec, side.stream), "graph replay");
     ++launches;
   }
 };
@@ -150,20 +141,17 @@ void GraphReplay::run(const std::string& key, void* stream, const std::function<
   std::lock_guard<std::mutex> lock(s.mutex);
   if (key != s.key) s.start(key);
   s.calls = std::min(s.calls + 1, 3);
-  if (s.runs_directly() || (s.side && current_device() != s.device)) return direct();
+  if (s.runs_directly() || (s.side.stream && current_device() != s.device)) return direct();
   s.make_stream();
   // The private stream's work after the caller's stream's so far, and the caller's stream's next work after it.
-  TG_CUDA_CHECK(cudaEventRecord(s.fork, caller), "graph replay");
-  TG_CUDA_CHECK(cudaStreamWaitEvent(s.side, s.fork, 0), "graph replay");
+  s.side.follow(caller, "graph replay");
   try {
     s.run_on_side(work);
   } catch (...) {
-    report_failure(cudaEventRecord(s.join, s.side), "graph replay", "cudaEventRecord");
-    report_failure(cudaStreamWaitEvent(caller, s.join, 0), "graph replay", "cudaStreamWaitEvent");
+    s.side.rejoin_reporting(caller, "graph replay");
     throw;
   }
-  TG_CUDA_CHECK(cudaEventRecord(s.join, s.side), "graph replay");
-  TG_CUDA_CHECK(cudaStreamWaitEvent(caller, s.join, 0), "graph replay");
+  s.side.rejoin(caller, "graph replay");
 }
 
 }  // namespace tg::cuda

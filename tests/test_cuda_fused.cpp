@@ -5,7 +5,6 @@
 // capture. Every device allocation is poisoned with NaN (tests/main_cuda.cpp).
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <map>
 #include <string>
 
