@@ -14,10 +14,19 @@ struct Philox4 {
   uint32_t v[4];
 };
 
+// The low and high halves of a * b. On the device as two 32-bit multiplies:
+// written as one 64-bit product, nvcc carried the whole Philox state in
+// 64-bit registers, which doubled the instructions of the attention kernels'
+// dropout and made them spill (bench/NOTES.md, version 12).
 TG_HD uint32_t mulhilo32(uint32_t a, uint32_t b, uint32_t* hi) {
+#ifdef __CUDA_ARCH__
+  *hi = __umulhi(a, b);
+  return a * b;
+#else
   const uint64_t p = static_cast<uint64_t>(a) * b;
   *hi = static_cast<uint32_t>(p >> 32);
   return static_cast<uint32_t>(p);
+#endif
 }
 
 // Ten rounds of the Philox 4x32 bijection of `ctr` under `key`.
@@ -48,6 +57,12 @@ TG_HD Philox4 philox_block(PhiloxState s, uint64_t group) {
 
 // Uniform in [0, 1) from the top 24 of 32 random bits: exact in float, so host and device agree bit for bit.
 TG_HD float bits_to_uniform(uint32_t bits) { return static_cast<float>(bits >> 8) * (1.0f / 16777216.0f); }
+
+// bits_to_uniform(bits) >= p exactly when bits >= dropout_keep_threshold(p),
+// p in [0, 1): the uniform is n 2^-24 with n = bits >> 8, n >= p 2^24 means
+// n >= ceil(p 2^24), which is bits >= ceil(p 2^24) 2^8. One integer compare
+// per keep bit where a kernel draws many.
+TG_HD uint32_t dropout_keep_threshold(float p) { return static_cast<uint32_t>(std::ceil(p * 16777216.0f)) << 8; }
 
 // Element i's uniform: lane i % 4 of block i / 4.
 TG_HD float philox_uniform(PhiloxState s, int64_t i) {

@@ -48,7 +48,8 @@ HeadRows<T> head_rows(const Tensor& t) {  // none for an undefined t (not read)
 struct ScoreArgs {
   const float *e, *a, *E, *w_in, *w_x;
   int64_t B, H, S, M;
-  float scale, p, keep_scale;  // keep_scale = 1/(1-p)
+  float scale, keep_scale;  // keep_scale = 1/(1-p)
+  uint32_t keep_threshold;  // dropout_keep_threshold(p)
   PhiloxState rng;
   bool dropout;
 };
@@ -57,7 +58,8 @@ ScoreArgs score_args(const AttentionInputs& in) {
   return {in.edit_mask.data<float>(), in.attn_mask.data<float>(), in.edit_region_bias.data<float>(),
           in.within.data<float>(),    in.cross.data<float>(),     in.d.B,
           in.d.H,                     in.d.S,                     in.d.M,
-          static_cast<float>(in.scale), static_cast<float>(in.p), static_cast<float>(1.0 / (1.0 - in.p)),
+          static_cast<float>(in.scale), static_cast<float>(1.0 / (1.0 - in.p)),
+          dropout_keep_threshold(static_cast<float>(in.p)),
           in.rng,                     in.p > 0};
 }
 
@@ -163,6 +165,28 @@ __device__ void transpose_rows(const float* natural, int n, float* transposed, i
   }
 }
 
+// The terms of a score beside q . k and E for one key: w_in e_i e_j + w_x
+// cross(e_i, e_j) for a query with e_i = 0 (.x) and e_i = 1 (.y), or -inf for
+// a key that is masked or past S. The masks are 0/1 (check_binary_mask), so
+// these four values are attention_score's last two terms, and a kernel adds
+// one of them per score instead of evaluating the sum.
+__device__ __forceinline__ float2 edit_terms(bool key_ok, float e_j, float w_in, float w_x) {
+  if (!key_ok) return {-INFINITY, -INFINITY};
+  return e_j != 0.f ? float2{w_x, w_in} : float2{0.f, w_x};
+}
+
+// edit_terms of keys k0 .. k0 + n - 1 into shared memory, for queries with
+// e_i = 0 (terms[j]) and e_i = 1 (terms[n + j]); thread j takes key k0 + j.
+__device__ __forceinline__ void load_key_terms(const ScoreArgs& sc, int64_t b, int64_t k0, int n, float w_in,
+                                               float w_x, float* terms) {
+  if (threadIdx.x >= n) return;
+  const int64_t j = k0 + threadIdx.x;
+  const bool ok = j < sc.S && sc.a[b * sc.S + j] != 0.f;
+  const float2 t = edit_terms(ok, ok ? sc.e[b * sc.S + j] : 0.f, w_in, w_x);
+  terms[threadIdx.x] = t.x;
+  terms[n + threadIdx.x] = t.y;
+}
+
 // e_j and whether key j takes part (exists and is not masked) for keys k0 ..
 // k0 + n - 1, into shared memory; thread j takes key k0 + j.
 __device__ __forceinline__ void load_key_flags(const ScoreArgs& sc, int64_t b, int64_t k0, int n, float* key_e,
@@ -190,7 +214,7 @@ __device__ __forceinline__ void pair_keep(const ScoreArgs& sc, int64_t row0, int
 #pragma unroll
   for (int i = 0; i < 2; ++i)
 #pragma unroll
-    for (int c = 0; c < 2; ++c) keep[i][c] = bits_to_uniform(bits[i][c]) >= sc.p ? sc.keep_scale : 0.f;
+    for (int c = 0; c < 2; ++c) keep[i][c] = bits[i][c] >= sc.keep_threshold ? sc.keep_scale : 0.f;
 }
 
 // fp16 operand tiles: where each of q, k, v, dO lives, its fp16 copy and
@@ -244,7 +268,7 @@ struct TileLayout {
 constexpr int kFwdRows = 64, kFwdKeys = 64, kFwdThreads = 128;
 
 // The forward's shared memory, in bytes: Q, K, V (Mma::Staged), the float
-// corner of edit_region_bias, then e_j and the key flags. kMinCtasPerSm, the
+// corner of edit_region_bias, then the keys' edit_terms. kMinCtasPerSm, the
 // launch bound: with fp16 tiles four CTAs per SM (45 KB each; ptxas fits the
 // kernel in 128 registers, where unbounded it took 130, which allowed
 // three); with 3xTF32 none (0: 139 registers, three per SM; a bound of one
@@ -276,14 +300,14 @@ __global__ void __launch_bounds__(kFwdThreads, ForwardLayout<Mma>::kMinCtasPerSm
   Staged* Ks = reinterpret_cast<Staged*>(smem_bytes + Layout::kK);  // [key][d]
   Staged* Vs = reinterpret_cast<Staged*>(smem_bytes + Layout::kV);  // [key][d]
   float* Es = reinterpret_cast<float*>(smem_bytes + Layout::kE);    // [query][key]: edit_region_bias[h, i, j]
-  float* key_e = reinterpret_cast<float*>(smem_bytes + Layout::kKeys);  // e_j
-  float* key_ok = key_e + kFwdKeys;  // 1 for a key that exists and is not masked
+  float* key_terms = reinterpret_cast<float*>(smem_bytes + Layout::kKeys);  // load_key_terms
   const ScoreArgs& sc = p.sc;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int64_t b = blockIdx.y / sc.H, h = blockIdx.y % sc.H, q0 = int64_t(blockIdx.x) * kFwdRows;
   const int64_t rows[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8};
-  float ei[2], m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-  for (int r = 0; r < 2; ++r) ei[r] = rows[r] < sc.S ? sc.e[b * sc.S + rows[r]] : 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+  int terms_of[2];  // where the row's edit terms are in key_terms: by its e_i
+  for (int r = 0; r < 2; ++r) terms_of[r] = rows[r] < sc.S && sc.e[b * sc.S + rows[r]] != 0.f ? kFwdKeys : 0;
   const int64_t row_id[2] = {(b * sc.H + h) * sc.S + rows[0], (b * sc.H + h) * sc.S + rows[1]};
   const float w_in = sc.w_in[h], w_x = sc.w_x[h];
   // The score's factor of the Q K^T product, Pd's scale going into P V, and o's of the P V product.
@@ -306,24 +330,23 @@ __global__ void __launch_bounds__(kFwdThreads, ForwardLayout<Mma>::kMinCtasPerSm
     copy_tile<kFwdThreads, kFwdRows, kFwdKeys>(sc.E + (h * sc.M + q0) * sc.M + k0, sc.M, sc.S - q0, sc.S - k0, Es,
                                                kStride);
     async::commit();
-    load_key_flags(sc, b, k0, kFwdKeys, key_e, key_ok);
+    load_key_terms(sc, b, k0, kFwdKeys, w_in, w_x, key_terms);
     async::wait<0>();
     __syncthreads();
 
     float s[8][4] = {};
     mma::tile_product<Mma, 8, 8>(s, Qs, kTs, warp_row, Ks, kTs, 0, lane);
 
-    // Scores, then the online softmax: rescale what is accumulated to the new row max.
+    // Scores (attention_score; rows past S get finite values from the zero
+    // tiles, never stored), then the online softmax: rescale what is
+    // accumulated to the new row max.
     float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int r = c >> 1, col = 8 * nt + 2 * t + (c & 1);
-        float x = -INFINITY;
-        if (key_ok[col] != 0.f && rows[r] < sc.S)
-          x = attention_score(s[nt][c], qk_scale, Es[warp_row(g + 8 * r) * kStride + col], w_in, w_x, ei[r],
-                              key_e[col]);
+        const float x = fmaf(s[nt][c], qk_scale, Es[warp_row(g + 8 * r) * kStride + col]) + key_terms[terms_of[r] + col];
         s[nt][c] = x;
         tile_max[r] = fmaxf(tile_max[r], x);
       }
@@ -573,7 +596,8 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
 
   const int jl[2] = {key_of_row(warp, g), key_of_row(warp, g + 8)};  // this thread's two keys, side by side
   const float ej[2] = {key_e[jl[0]], key_e[jl[1]]};
-  const bool key_valid[2] = {key_ok[jl[0]] != 0.f, key_ok[jl[1]] != 0.f};
+  const float2 terms[2] = {edit_terms(key_ok[jl[0]] != 0.f, ej[0], w_in, w_x),
+                           edit_terms(key_ok[jl[1]] != 0.f, ej[1], w_in, w_x)};
   const auto key_rows = [&](int r) { return key_of_row(warp, r); };
   const auto warp_rows = [&](int r) { return 16 * warp + r; };  // V's keys (stored in fragment order), dQ's queries
   float dK[8][4] = {}, dV[8][4] = {};
@@ -624,6 +648,8 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
         float2* staged = reinterpret_cast<float2*>(dSs + il * kStride + jl[0]);  // P or E in, dS out (zeros past S)
         const float2 in = *staged;
         const float2 pd_in = kRead ? *reinterpret_cast<const float2*>(Pds + il * kStride + jl[0]) : float2{};
+        const float lse = q_lse[il];
+        const bool query_e = q_e[il] != 0.f, live = q0 + il < sc.S && lse != -INFINITY;  // live: the row has keys
         float out[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -632,9 +658,9 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
           const float dpd = factor.dpd * ds[nt][c];
           float prob = 0.f, dropped = 0.f, d = 0.f;
           if constexpr (recompute) {
-            if (key_valid[r] && q0 + il < sc.S && q_lse[il] != -INFINITY) {
-              const float score = attention_score(pd[nt][c], qk_scale, staged_in, w_in, w_x, q_e[il], ej[r]);
-              prob = exp2f((score - q_lse[il]) * kLog2e);
+            if (live) {  // a masked key's score is -inf, so its prob 0
+              const float score = fmaf(pd[nt][c], qk_scale, staged_in) + (query_e ? terms[r].y : terms[r].x);
+              prob = exp2f((score - lse) * kLog2e);
             }
             dropped = prob * keep[cq][r];
             d = prob * (dpd * keep[cq][r] - q_delta[il]);

@@ -1,4 +1,5 @@
 // Tensors: factories, views without copies, contiguous, casts, printing, RNG.
+#include <cmath>
 #include <random>
 #include <sstream>
 
@@ -128,6 +129,29 @@ TEST_CASE("rng/Philox4x32-10 known-answer vectors (Random123)") {
   CHECK(pi.v[1] == 0x94fdccebu);
   CHECK(pi.v[2] == 0x5001e420u);
   CHECK(pi.v[3] == 0x24126ea1u);
+}
+
+TEST_CASE("rng/dropout_keep_threshold: the integer compare keeps exactly what the uniform compare keeps") {
+  std::vector<float> ps = {0.f, 1e-30f, 1.f / 16777216.f, 0.1f, 1.f / 3.f, 0.5f, 0.9f, std::nextafter(1.f, 0.f)};
+  tg::Philox4 state{{1, 2, 3, 4}};
+  for (int i = 0; i < 64; ++i) {  // and random p's from the generator's own bits
+    state = tg::philox4x32_10(state, 7, 11);
+    ps.push_back(tg::bits_to_uniform(state.v[0]));
+  }
+  int checked = 0, kept = 0;
+  for (const float p : ps) {
+    const uint32_t t = tg::dropout_keep_threshold(p);
+    std::vector<uint32_t> bits = {0u, 255u, 256u, ~0u, t, t - 1, t + 1, t - 256, t + 255};
+    for (int i = 0; i < 32; ++i) bits.push_back(tg::philox4x32_10({{uint32_t(i), 9, 9, 9}}, 5, 6).v[i % 4]);
+    for (const uint32_t b : bits) {
+      const bool by_uniform = tg::bits_to_uniform(b) >= p;
+      CHECK_MESSAGE((b >= t) == by_uniform, "p ", p, " bits ", b, " threshold ", t);
+      ++checked, kept += by_uniform;
+    }
+  }
+  CHECK(checked > 1000);
+  CHECK(kept > 0);
+  CHECK(kept < checked);
 }
 
 TEST_CASE("rng/seeded draws: the known-answer block gives the first uniforms") {
