@@ -30,6 +30,15 @@ constexpr int kStride = 68;   // shared row stride of 64-wide tiles: distinct ba
 static_assert(kStride >= kD && kStride % 16 == 4, "kStride: see above");
 constexpr float kLog2e = 1.4426950408889634f;
 
+// e^(x - shift), given shift log2(e): one FFMA and one MUFU.EX2. The ftz form
+// flushes results under 2^-126 to zero; exp2f's exact subnormals cost three
+// more instructions per score, for probabilities that no sum can see.
+__device__ __forceinline__ float exp_shifted(float x, float shift_log2e) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(fmaf(x, kLog2e, -shift_log2e)));
+  return y;
+}
+
 // Rows of a [B,H,S,D] operand with a unit d stride (a view of qkv, or contiguous).
 template <class T>
 struct HeadRows {
@@ -197,14 +206,14 @@ __device__ __forceinline__ void load_key_flags(const ScoreArgs& sc, int64_t b, i
   key_ok[threadIdx.x] = (j < sc.S && sc.a[b * sc.S + j] != 0.f) ? 1.f : 0.f;
 }
 
-// Keep factors (keep / (1 - p), or 0) of one Philox block shared by a pair of
+// Keep factors (`kept` for a kept element, else 0) of one Philox block shared by a pair of
 // lanes (lane and lane ^ partner): together they hold rows row0 and row1 of
 // the [B,H,S,S] mask at the same two columns of one group of 4 (lanes 2 sel
 // and 2 sel + 1 of the group starting at group_col0). Each lane draws the
 // block of one row and hands its partner the two values it needs.
 // keep[r][c]: row r, column 2 sel + c of the group.
 __device__ __forceinline__ void pair_keep(const ScoreArgs& sc, int64_t row0, int64_t row1, int64_t group_col0, int sel,
-                                          int partner, float (&keep)[2][2]) {
+                                          int partner, float kept, float (&keep)[2][2]) {
   const Philox4 r = philox_block(sc.rng, dropout_block(sel ? row1 : row0, group_col0, sc.S));
   const uint32_t send0 = sel ? r.v[0] : r.v[2], send1 = sel ? r.v[1] : r.v[3];
   const uint32_t recv0 = __shfl_xor_sync(0xffffffffu, send0, partner);
@@ -214,7 +223,7 @@ __device__ __forceinline__ void pair_keep(const ScoreArgs& sc, int64_t row0, int
 #pragma unroll
   for (int i = 0; i < 2; ++i)
 #pragma unroll
-    for (int c = 0; c < 2; ++c) keep[i][c] = bits[i][c] >= sc.keep_threshold ? sc.keep_scale : 0.f;
+    for (int c = 0; c < 2; ++c) keep[i][c] = bits[i][c] >= sc.keep_threshold ? kept : 0.f;
 }
 
 // fp16 operand tiles: where each of q, k, v, dO lives, its fp16 copy and
@@ -317,6 +326,7 @@ __global__ void __launch_bounds__(kFwdThreads, ForwardLayout<Mma>::kMinCtasPerSm
     pd_scale = p.half.pd_scale;
     o_scale = p.half.inverse_scale(kHalfV) / pd_scale;
   }
+  const float kept = sc.keep_scale * pd_scale;  // Pd's factor of P for a kept element (dropout)
   const auto q_rows = operand_rows<kHalf>(p.q, p.half.q), k_rows = operand_rows<kHalf>(p.k, p.half.k);
   const auto v_rows = operand_rows<kHalf>(p.v, p.half.v);
   float acc[8][4] = {};
@@ -350,29 +360,32 @@ __global__ void __launch_bounds__(kFwdThreads, ForwardLayout<Mma>::kMinCtasPerSm
         s[nt][c] = x;
         tile_max[r] = fmaxf(tile_max[r], x);
       }
-    float shift[2];
+    float shift_log2e[2], correction[2];  // the new row max (0 while every key so far is masked), times log2(e)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
       tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-      const float m_new = fmaxf(m_run[r], tile_max[r]);
-      shift[r] = m_new == -INFINITY ? 0.f : m_new;  // nothing seen yet: nothing to rescale
-      const float correction = exp2f((m_run[r] - shift[r]) * kLog2e);
+      const float m_new = fmaxf(m_run[r], tile_max[r]), shift = m_new == -INFINITY ? 0.f : m_new;
+      shift_log2e[r] = shift * kLog2e;
+      correction[r] = exp_shifted(m_run[r] - shift, 0.f);  // exactly 1 where the max stays
       m_run[r] = m_new;
-      l_run[r] *= correction;
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt) acc[nt][2 * r] *= correction, acc[nt][2 * r + 1] *= correction;
+      l_run[r] *= correction[r];
     }
+    if (__any_sync(0xffffffffu, correction[0] != 1.f || correction[1] != 1.f))  // most tiles keep the warp's maxima
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc[nt][c] *= correction[c >> 1];
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
-      float keep[2][2] = {{1.f, 1.f}, {1.f, 1.f}};
-      if (sc.dropout) pair_keep(sc, row_id[0], row_id[1], k0 + 8 * nt + 4 * (t >> 1), t & 1, 1, keep);
+      float keep[2][2] = {{pd_scale, pd_scale}, {pd_scale, pd_scale}};  // Pd's factor of P: with its scale
+      if (sc.dropout) pair_keep(sc, row_id[0], row_id[1], k0 + 8 * nt + 4 * (t >> 1), t & 1, 1, kept, keep);
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int r = c >> 1;
-        const float pr = exp2f((s[nt][c] - shift[r]) * kLog2e);
+        const float pr = exp_shifted(s[nt][c], shift_log2e[r]);
         l_run[r] += pr;
-        s[nt][c] = pr * keep[r][c & 1] * pd_scale;
+        s[nt][c] = pr * keep[r][c & 1];
       }
     }
 
@@ -613,6 +626,7 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
 
   for (int64_t qt = split; qt < query_tiles; qt += p.splits) {
     const int64_t q0 = qt * kBwdRows;
+    const int queries = static_cast<int>(min(sc.S - q0, int64_t(kBwdRows)));  // in this tile
     __syncthreads();  // the previous tile's dS (and q_sums) are no longer read
     copy_scores(kRead ? probs(p.P) : sc.E + h * sc.M * sc.M, kRead ? sc.S : sc.M, q0, dSs);
     async::commit();
@@ -638,7 +652,8 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
       float keep[2][2] = {{1.f, 1.f}, {1.f, 1.f}};  // [query column][key row]
       double sums[4][2] = {};                       // kRowSums: A, B, m, n per query column
       if (recompute && sc.dropout)  // rows: the thread's two queries; the lane pair: g and g ^ 1
-        pair_keep(sc, bh * sc.S + q0 + il0, bh * sc.S + q0 + il0 + 1, k0 + 16 * warp + 4 * (g >> 1), g & 1, 4, keep);
+        pair_keep(sc, bh * sc.S + q0 + il0, bh * sc.S + q0 + il0 + 1, k0 + 16 * warp + 4 * (g >> 1), g & 1, 4,
+                  sc.keep_scale, keep);
       // Per query column il, the thread's two keys jl[0] and jl[1] = jl[0] + 1
       // are side by side: P (or E), Pd and dS move as float2, which also
       // keeps the warp's accesses free of bank conflicts at stride kStride.
@@ -648,8 +663,9 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
         float2* staged = reinterpret_cast<float2*>(dSs + il * kStride + jl[0]);  // P or E in, dS out (zeros past S)
         const float2 in = *staged;
         const float2 pd_in = kRead ? *reinterpret_cast<const float2*>(Pds + il * kStride + jl[0]) : float2{};
-        const float lse = q_lse[il];
-        const bool query_e = q_e[il] != 0.f, live = q0 + il < sc.S && lse != -INFINITY;  // live: the row has keys
+        // lse log2(e); +inf past S and for a row whose keys are all masked (lse -inf), so that its P is 0
+        const float lse = q_lse[il], lse_log2e = il < queries && lse != -INFINITY ? lse * kLog2e : INFINITY;
+        const bool query_e = q_e[il] != 0.f;
         float out[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -658,10 +674,9 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
           const float dpd = factor.dpd * ds[nt][c];
           float prob = 0.f, dropped = 0.f, d = 0.f;
           if constexpr (recompute) {
-            if (live) {  // a masked key's score is -inf, so its prob 0
-              const float score = fmaf(pd[nt][c], qk_scale, staged_in) + (query_e ? terms[r].y : terms[r].x);
-              prob = exp2f((score - lse) * kLog2e);
-            }
+            // a masked key's score is -inf, so its P 0
+            const float score = fmaf(pd[nt][c], qk_scale, staged_in) + (query_e ? terms[r].y : terms[r].x);
+            prob = exp_shifted(score, lse_log2e);
             dropped = prob * keep[cq][r];
             d = prob * (dpd * keep[cq][r] - q_delta[il]);
           } else {
