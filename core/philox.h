@@ -29,17 +29,33 @@ TG_HD uint32_t mulhilo32(uint32_t a, uint32_t b, uint32_t* hi) {
 #endif
 }
 
-// Ten rounds of the Philox 4x32 bijection of `ctr` under `key`.
-TG_HD Philox4 philox4x32_10(Philox4 ctr, uint32_t key0, uint32_t key1) {
-  for (int round = 0; round < 10; ++round) {
+// The ten round keys of (key0, key1): round r's is key + r (0x9E3779B9,
+// 0xBB67AE85), modulo 2^32. A kernel that draws many blocks under one key
+// takes them as an argument, where its rounds read them as constant operands
+// instead of adding them up again per block (bench/NOTES.md, version 12).
+struct PhiloxKeys {
+  uint32_t key[10][2];
+};
+
+TG_HD PhiloxKeys philox_keys(uint32_t key0, uint32_t key1) {
+  PhiloxKeys k{};
+  for (uint32_t r = 0; r < 10; ++r) k.key[r][0] = key0 + r * 0x9E3779B9u, k.key[r][1] = key1 + r * 0xBB67AE85u;
+  return k;
+}
+
+// Ten rounds of the Philox 4x32 bijection of `ctr`.
+TG_HD Philox4 philox4x32_10(Philox4 ctr, const PhiloxKeys& k) {
+  TG_UNROLL(10)
+  for (int r = 0; r < 10; ++r) {
     uint32_t hi0, hi1;
     const uint32_t lo0 = mulhilo32(0xD2511F53u, ctr.v[0], &hi0);
     const uint32_t lo1 = mulhilo32(0xCD9E8D57u, ctr.v[2], &hi1);
-    ctr = Philox4{{hi1 ^ ctr.v[1] ^ key0, lo1, hi0 ^ ctr.v[3] ^ key1, lo0}};
-    key0 += 0x9E3779B9u;
-    key1 += 0xBB67AE85u;
+    ctr = Philox4{{hi1 ^ ctr.v[1] ^ k.key[r][0], lo1, hi0 ^ ctr.v[3] ^ k.key[r][1], lo0}};
   }
   return ctr;
+}
+TG_HD Philox4 philox4x32_10(Philox4 ctr, uint32_t key0, uint32_t key1) {
+  return philox4x32_10(ctr, philox_keys(key0, key1));
 }
 
 // Where a random tensor's bits come from: the seed is the key, the offset is
@@ -49,10 +65,17 @@ struct PhiloxState {
   uint64_t offset = 0;
 };
 
+TG_HD PhiloxKeys philox_keys(PhiloxState s) {
+  return philox_keys(static_cast<uint32_t>(s.seed), static_cast<uint32_t>(s.seed >> 32));
+}
+
+TG_HD Philox4 philox_counter(uint64_t offset, uint64_t group) {
+  return {{static_cast<uint32_t>(group), static_cast<uint32_t>(group >> 32), static_cast<uint32_t>(offset),
+           static_cast<uint32_t>(offset >> 32)}};
+}
+
 TG_HD Philox4 philox_block(PhiloxState s, uint64_t group) {
-  const Philox4 ctr{{static_cast<uint32_t>(group), static_cast<uint32_t>(group >> 32),
-                     static_cast<uint32_t>(s.offset), static_cast<uint32_t>(s.offset >> 32)}};
-  return philox4x32_10(ctr, static_cast<uint32_t>(s.seed), static_cast<uint32_t>(s.seed >> 32));
+  return philox4x32_10(philox_counter(s.offset, group), philox_keys(s));
 }
 
 // Uniform in [0, 1) from the top 24 of 32 random bits: exact in float, so host and device agree bit for bit.

@@ -59,7 +59,8 @@ struct ScoreArgs {
   int64_t B, H, S, M;
   float scale, keep_scale;  // keep_scale = 1/(1-p)
   uint32_t keep_threshold;  // dropout_keep_threshold(p)
-  PhiloxState rng;
+  PhiloxKeys rng_keys;  // of the draw in.rng (its seed)
+  uint64_t rng_offset;
   bool dropout;
 };
 
@@ -69,7 +70,7 @@ ScoreArgs score_args(const AttentionInputs& in) {
           in.d.H,                     in.d.S,                     in.d.M,
           static_cast<float>(in.scale), static_cast<float>(1.0 / (1.0 - in.p)),
           dropout_keep_threshold(static_cast<float>(in.p)),
-          in.rng,                     in.p > 0};
+          philox_keys(in.rng),        in.rng.offset,              in.p > 0};
 }
 
 // The 16-byte chunks of a [row][d] tile of T that this thread copies: the
@@ -214,7 +215,8 @@ __device__ __forceinline__ void load_key_flags(const ScoreArgs& sc, int64_t b, i
 // keep[r][c]: row r, column 2 sel + c of the group.
 __device__ __forceinline__ void pair_keep(const ScoreArgs& sc, int64_t row0, int64_t row1, int64_t group_col0, int sel,
                                           int partner, float kept, float (&keep)[2][2]) {
-  const Philox4 r = philox_block(sc.rng, dropout_block(sel ? row1 : row0, group_col0, sc.S));
+  const uint64_t group = dropout_block(sel ? row1 : row0, group_col0, sc.S);
+  const Philox4 r = philox4x32_10(philox_counter(sc.rng_offset, group), sc.rng_keys);
   const uint32_t send0 = sel ? r.v[0] : r.v[2], send1 = sel ? r.v[1] : r.v[3];
   const uint32_t recv0 = __shfl_xor_sync(0xffffffffu, send0, partner);
   const uint32_t recv1 = __shfl_xor_sync(0xffffffffu, send1, partner);
