@@ -39,7 +39,11 @@ struct PhiloxKeys {
 
 TG_HD PhiloxKeys philox_keys(uint32_t key0, uint32_t key1) {
   PhiloxKeys k{};
-  for (uint32_t r = 0; r < 10; ++r) k.key[r][0] = key0 + r * 0x9E3779B9u, k.key[r][1] = key1 + r * 0xBB67AE85u;
+  TG_UNROLL(10)
+  for (uint32_t r = 0; r < 10; ++r) {
+    k.key[r][0] = key0 + r * 0x9E3779B9u;
+    k.key[r][1] = key1 + r * 0xBB67AE85u;
+  }
   return k;
 }
 
@@ -82,7 +86,7 @@ TG_HD Philox4 philox_block(PhiloxState s, uint64_t group) {
 TG_HD float bits_to_uniform(uint32_t bits) { return static_cast<float>(bits >> 8) * (1.0f / 16777216.0f); }
 
 // bits_to_uniform(bits) >= p exactly when bits >= dropout_keep_threshold(p),
-// p in [0, 1): the uniform is n 2^-24 with n = bits >> 8, n >= p 2^24 means
+// for a float p in [0, 1) (p = 1 would wrap to 0: keep all): the uniform is n 2^-24 with n = bits >> 8, n >= p 2^24 means
 // n >= ceil(p 2^24), which is bits >= ceil(p 2^24) 2^8. One integer compare
 // per keep bit where a kernel draws many.
 TG_HD uint32_t dropout_keep_threshold(float p) { return static_cast<uint32_t>(std::ceil(p * 16777216.0f)) << 8; }

@@ -1,6 +1,7 @@
 #include "ops/fused_attention.h"
 
 #include <cmath>
+#include <iomanip>
 #include <limits>
 #include <vector>
 
@@ -285,7 +286,9 @@ Tensor fused_attention(const Tensor& qkv, const Tensor& edit_mask, const Tensor&
                        const Tensor& w_in, const Tensor& w_x, int64_t heads, const DropoutOptions& dropout,
                        MatmulPrecision precision_in) {
   AttentionInputs in = check_inputs(qkv, edit_mask, attn_mask, E, w_in, w_x, heads);
-  TG_CHECK(dropout.p >= 0.0 && dropout.p < 1.0, "fused_attention: dropout p must be in [0, 1), got ", dropout.p);
+  // The kernels draw with p as a float (dropout_keep_threshold): it must stay under 1 there too.
+  TG_CHECK(dropout.p >= 0.0 && static_cast<float>(dropout.p) < 1.0f,
+           "fused_attention: dropout p must be in [0, 1) (as a float), got ", std::setprecision(12), dropout.p);
   TG_CHECK(!dropout.mask.defined(), "fused_attention: an explicit dropout mask is not supported (the kernels draw it "
            "from Philox); pass p and optionally rng");
   in.p = dropout.p;

@@ -28,15 +28,20 @@ constexpr int kD = 64;        // the head dim the kernels cover
 constexpr int kStride = 68;   // shared row stride of 64-wide tiles: distinct banks for ldmatrix rows and for
                               // mma::accumulator_product's k-major loads (4 more than a multiple of 16)
 static_assert(kStride >= kD && kStride % 16 == 4, "kStride: see above");
-constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
-// e^(x - shift), given shift log2(e): one FFMA and one MUFU.EX2. The ftz form
-// flushes results under 2^-126 to zero; exp2f's exact subnormals cost three
-// more instructions per score, for probabilities that no sum can see.
-__device__ __forceinline__ float exp_shifted(float x, float shift_log2e) {
+// 2^x as one MUFU.EX2. The ftz form flushes results under 2^-126 to zero;
+// exp2f's exact subnormals cost three more instructions per score, for
+// probabilities that no sum can see.
+__device__ __forceinline__ float ex2_ftz(float x) {
   float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(fmaf(x, kLog2e, -shift_log2e)));
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
+}
+
+// e^(x - shift), given shift log2(e): one FFMA and one MUFU.EX2.
+__device__ __forceinline__ float exp_shifted(float x, float shift_log2e) {
+  return ex2_ftz(fmaf(x, kLog2e, -shift_log2e));
 }
 
 // Rows of a [B,H,S,D] operand with a unit d stride (a view of qkv, or contiguous).
@@ -187,11 +192,15 @@ __device__ __forceinline__ float2 edit_terms(bool key_ok, float e_j, float w_in,
 
 // edit_terms of keys k0 .. k0 + n - 1 into shared memory, for queries with
 // e_i = 0 (terms[j]) and e_i = 1 (terms[n + j]); thread j takes key k0 + j.
+__device__ __forceinline__ bool key_takes_part(const ScoreArgs& sc, int64_t b, int64_t j) {  // exists, not masked
+  return j < sc.S && sc.a[b * sc.S + j] != 0.f;
+}
+
 __device__ __forceinline__ void load_key_terms(const ScoreArgs& sc, int64_t b, int64_t k0, int n, float w_in,
                                                float w_x, float* terms) {
   if (threadIdx.x >= n) return;
   const int64_t j = k0 + threadIdx.x;
-  const bool ok = j < sc.S && sc.a[b * sc.S + j] != 0.f;
+  const bool ok = key_takes_part(sc, b, j);
   const float2 t = edit_terms(ok, ok ? sc.e[b * sc.S + j] : 0.f, w_in, w_x);
   terms[threadIdx.x] = t.x;
   terms[n + threadIdx.x] = t.y;
@@ -204,18 +213,18 @@ __device__ __forceinline__ void load_key_flags(const ScoreArgs& sc, int64_t b, i
   if (threadIdx.x >= n) return;
   const int64_t j = k0 + threadIdx.x;
   key_e[threadIdx.x] = j < sc.S ? sc.e[b * sc.S + j] : 0.f;
-  key_ok[threadIdx.x] = (j < sc.S && sc.a[b * sc.S + j] != 0.f) ? 1.f : 0.f;
+  key_ok[threadIdx.x] = key_takes_part(sc, b, j) ? 1.f : 0.f;
 }
 
-// Keep factors (`kept` for a kept element, else 0) of one Philox block shared by a pair of
-// lanes (lane and lane ^ partner): together they hold rows row0 and row1 of
-// the [B,H,S,S] mask at the same two columns of one group of 4 (lanes 2 sel
-// and 2 sel + 1 of the group starting at group_col0). Each lane draws the
-// block of one row and hands its partner the two values it needs.
-// keep[r][c]: row r, column 2 sel + c of the group.
-__device__ __forceinline__ void pair_keep(const ScoreArgs& sc, int64_t row0, int64_t row1, int64_t group_col0, int sel,
-                                          int partner, float kept, float (&keep)[2][2]) {
-  const uint64_t group = dropout_block(sel ? row1 : row0, group_col0, sc.S);
+// Keep factors (`kept` for a kept element, else 0) of one Philox block
+// shared by a pair of lanes (lane and lane ^ partner): together they hold two
+// rows of the [B,H,S,S] mask at the same two columns of one group of 4 (lanes
+// 2 sel and 2 sel + 1 of the group). Each lane draws the block of one row
+// (the first row's for sel 0, the second's for sel 1: `group`, dropout_block
+// of that row and the group's first column) and hands its partner the two
+// values it needs. keep[r][c]: row r, column 2 sel + c of the group.
+__device__ __forceinline__ void pair_keep(const ScoreArgs& sc, uint64_t group, int sel, int partner, float kept,
+                                          float (&keep)[2][2]) {
   const Philox4 r = philox4x32_10(philox_counter(sc.rng_offset, group), sc.rng_keys);
   const uint32_t send0 = sel ? r.v[0] : r.v[2], send1 = sel ? r.v[1] : r.v[3];
   const uint32_t recv0 = __shfl_xor_sync(0xffffffffu, send0, partner);
@@ -281,9 +290,9 @@ constexpr int kFwdRows = 64, kFwdKeys = 64, kFwdThreads = 128;
 // The forward's shared memory, in bytes: Q, K, V (Mma::Staged), the float
 // corner of edit_region_bias, then the keys' edit_terms. kMinCtasPerSm, the
 // launch bound: with fp16 tiles four CTAs per SM (45 KB each; ptxas fits the
-// kernel in 128 registers, where unbounded it took 130, which allowed
-// three); with 3xTF32 none (0: 139 registers, three per SM; a bound of one
-// or three made ptxas spill).
+// kernel in 128 registers without spills, where unbounded it takes a few
+// more, which allows three); with 3xTF32 none (0: about 140 registers, three
+// per SM; a bound of one or three made ptxas spill).
 template <class Mma>
 struct ForwardLayout : TileLayout<Mma> {
   using T = TileLayout<Mma>;
@@ -316,7 +325,10 @@ __global__ void __launch_bounds__(kFwdThreads, ForwardLayout<Mma>::kMinCtasPerSm
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int64_t b = blockIdx.y / sc.H, h = blockIdx.y % sc.H, q0 = int64_t(blockIdx.x) * kFwdRows;
   const int64_t rows[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8};
-  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+  // Per row: the max so far; its log2(e) multiple, rounded once (0 while every
+  // key so far is masked): every P and every correction use this one value, so
+  // its rounding cancels in o and in the log-sum-exp; and the sum of P.
+  float m_run[2] = {-INFINITY, -INFINITY}, shift_log2e[2] = {0.f, 0.f}, l_run[2] = {0.f, 0.f};
   int terms_of[2];  // where the row's edit terms are in key_terms: by its e_i
   for (int r = 0; r < 2; ++r) terms_of[r] = rows[r] < sc.S && sc.e[b * sc.S + rows[r]] != 0.f ? kFwdKeys : 0;
   const int64_t row_id[2] = {(b * sc.H + h) * sc.S + rows[0], (b * sc.H + h) * sc.S + rows[1]};
@@ -332,6 +344,7 @@ __global__ void __launch_bounds__(kFwdThreads, ForwardLayout<Mma>::kMinCtasPerSm
   const auto q_rows = operand_rows<kHalf>(p.q, p.half.q), k_rows = operand_rows<kHalf>(p.k, p.half.k);
   const auto v_rows = operand_rows<kHalf>(p.v, p.half.v);
   float acc[8][4] = {};
+  const uint64_t row_group = dropout_block(t & 1 ? row_id[1] : row_id[0], 4 * (t >> 1), sc.S);  // pair_keep: at key 0
   copy_head_rows<kFwdThreads>(q_rows, b, h, q0, kFwdRows, sc.S, Qs, kTs);  // waited for with the first key tile
   const auto warp_row = [&](int r) { return 16 * warp + r; };
 
@@ -349,31 +362,35 @@ __global__ void __launch_bounds__(kFwdThreads, ForwardLayout<Mma>::kMinCtasPerSm
     float s[8][4] = {};
     mma::tile_product<Mma, 8, 8>(s, Qs, kTs, warp_row, Ks, kTs, 0, lane);
 
-    // Scores (attention_score; rows past S get finite values from the zero
-    // tiles, never stored), then the online softmax: rescale what is
+    // Scores (attention_score, -inf for a masked key; rows past S, never
+    // stored, score the zero tiles), then the online softmax: rescale what is
     // accumulated to the new row max.
     float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int r = c >> 1, col = 8 * nt + 2 * t + (c & 1);
-        const float x = fmaf(s[nt][c], qk_scale, Es[warp_row(g + 8 * r) * kStride + col]) + key_terms[terms_of[r] + col];
-        s[nt][c] = x;
-        tile_max[r] = fmaxf(tile_max[r], x);
+      for (int r = 0; r < 2; ++r) {  // row r's two columns: E and the terms as float2
+        const int col = 8 * nt + 2 * t;
+        const float2 e = *reinterpret_cast<const float2*>(Es + warp_row(g + 8 * r) * kStride + col);
+        const float2 term = *reinterpret_cast<const float2*>(key_terms + terms_of[r] + col);
+        float &x0 = s[nt][2 * r], &x1 = s[nt][2 * r + 1];
+        x0 = fmaf(x0, qk_scale, e.x) + term.x;
+        x1 = fmaf(x1, qk_scale, e.y) + term.y;
+        tile_max[r] = fmaxf(tile_max[r], fmaxf(x0, x1));
       }
-    float shift_log2e[2], correction[2];  // the new row max (0 while every key so far is masked), times log2(e)
+    float correction[2];  // e^(old max - new max), through the shifts; 0 while nothing is accumulated
+    bool moved = false;   // a row max of this thread moved
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
       tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-      const float m_new = fmaxf(m_run[r], tile_max[r]), shift = m_new == -INFINITY ? 0.f : m_new;
-      shift_log2e[r] = shift * kLog2e;
-      correction[r] = exp_shifted(m_run[r] - shift, 0.f);  // exactly 1 where the max stays
-      m_run[r] = m_new;
+      const float m_new = fmaxf(m_run[r], tile_max[r]), shift = m_new == -INFINITY ? 0.f : m_new * kLog2e;
+      correction[r] = m_run[r] == -INFINITY ? 0.f : ex2_ftz(shift_log2e[r] - shift);
+      moved = moved || m_new != m_run[r];
+      m_run[r] = m_new, shift_log2e[r] = shift;
       l_run[r] *= correction[r];
     }
-    if (__any_sync(0xffffffffu, correction[0] != 1.f || correction[1] != 1.f))  // most tiles keep the warp's maxima
+    if (__any_sync(0xffffffffu, moved))  // most tiles keep the warp's maxima: no rescale
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -381,7 +398,7 @@ __global__ void __launch_bounds__(kFwdThreads, ForwardLayout<Mma>::kMinCtasPerSm
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
       float keep[2][2] = {{pd_scale, pd_scale}, {pd_scale, pd_scale}};  // Pd's factor of P: with its scale
-      if (sc.dropout) pair_keep(sc, row_id[0], row_id[1], k0 + 8 * nt + 4 * (t >> 1), t & 1, 1, kept, keep);
+      if (sc.dropout) pair_keep(sc, row_group + (k0 + 8 * nt) / 4, t & 1, 1, kept, keep);
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int r = c >> 1;
@@ -405,7 +422,7 @@ __global__ void __launch_bounds__(kFwdThreads, ForwardLayout<Mma>::kMinCtasPerSm
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
       *reinterpret_cast<float2*>(o_row + 8 * nt + 2 * t) = make_float2(acc[nt][2 * r] * inv, acc[nt][2 * r + 1] * inv);
-    if (t == 0) p.lse[row_id[r]] = l_run[r] > 0.f ? m_run[r] + logf(l_run[r]) : -INFINITY;
+    if (t == 0) p.lse[row_id[r]] = l_run[r] > 0.f ? (shift_log2e[r] + log2f(l_run[r])) * kLn2 : -INFINITY;
   }
 }
 
@@ -573,6 +590,10 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
   constexpr bool recompute = !kRead;
   const int64_t query_tiles = (sc.S + kBwdRows - 1) / kBwdRows;
   const BackwardScales factor = backward_scales<Mma>(p);
+  // Pd's factor going into the dV product (its fp16 scale with fp16 tiles).
+  // In training the keep factors carry it (kept), and dP's factor divides it out again.
+  const float pd_factor = kHalf ? p.half.pd_scale : 1.f, kept = sc.keep_scale * pd_factor;
+  const float dpd_over_pd = factor.dpd / pd_factor;
   const float qk_scale = sc.scale * factor.qk;  // the score's factor of the K Q^T product, as in the forward
   const auto q_rows = operand_rows<kHalf>(p.q, p.half.q), k_rows = operand_rows<kHalf>(p.k, p.half.k);
   const auto v_rows = operand_rows<kHalf>(p.v, p.half.v);
@@ -585,7 +606,7 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
   const auto copy_queries = [&](int64_t qt) {
     copy_head_rows<kBwdThreads>(q_rows, b, h, qt * kBwdRows, kBwdRows, sc.S, Qs, kTs);
     copy_head_rows<kBwdThreads>(dout, b, h, qt * kBwdRows, kBwdRows, sc.S, dOs, kTs);
-    if (threadIdx.x < kBwdRows) {  // the per-query values, zeros past S (then recompute skips the row)
+    if (threadIdx.x < kBwdRows) {  // the per-query values, zeros past S (where recompute's P is 0)
       const int i = static_cast<int>(qt) * kBwdRows + threadIdx.x;
       const bool ok = i < sc.S;
       const int src = ok ? i : 0;
@@ -624,11 +645,14 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
   //   sum_i dS_ij cross(e_i, e_j) = (1 - e_j) sum_i dS_ij e_i + e_j sum_i dS_ij (1 - e_i)
   using TilePartial = std::conditional_t<Mma::kHighest, double, float>;
   float colsum[2] = {0.f, 0.f};
+  const uint64_t group_step = dropout_block(8, 0, sc.S);  // 8 rows of the mask further: the next nt
   double dw_in_part = 0, dw_x_part = 0;
 
   for (int64_t qt = split; qt < query_tiles; qt += p.splits) {
     const int64_t q0 = qt * kBwdRows;
     const int queries = static_cast<int>(min(sc.S - q0, int64_t(kBwdRows)));  // in this tile
+    // This lane's pair_keep block: its row (query 2t + (g & 1) of the tile's first 8) at its keys' group of 4.
+    const uint64_t tile_group = dropout_block(bh * sc.S + q0 + 2 * t + (g & 1), k0 + 16 * warp + 4 * (g >> 1), sc.S);
     __syncthreads();  // the previous tile's dS (and q_sums) are no longer read
     copy_scores(kRead ? probs(p.P) : sc.E + h * sc.M * sc.M, kRead ? sc.S : sc.M, q0, dSs);
     async::commit();
@@ -651,11 +675,10 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
       const int il0 = 8 * nt + 2 * t;
-      float keep[2][2] = {{1.f, 1.f}, {1.f, 1.f}};  // [query column][key row]
-      double sums[4][2] = {};                       // kRowSums: A, B, m, n per query column
+      float keep[2][2] = {{pd_factor, pd_factor}, {pd_factor, pd_factor}};  // [query column][key row], times pd_factor
+      double sums[4][2] = {};  // kRowSums: A, B, m, n per query column
       if (recompute && sc.dropout)  // rows: the thread's two queries; the lane pair: g and g ^ 1
-        pair_keep(sc, bh * sc.S + q0 + il0, bh * sc.S + q0 + il0 + 1, k0 + 16 * warp + 4 * (g >> 1), g & 1, 4,
-                  sc.keep_scale, keep);
+        pair_keep(sc, tile_group + nt * group_step, g & 1, 4, kept, keep);
       // Per query column il, the thread's two keys jl[0] and jl[1] = jl[0] + 1
       // are side by side: P (or E), Pd and dS move as float2, which also
       // keeps the warp's accesses free of bank conflicts at stride kStride.
@@ -665,23 +688,27 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
         float2* staged = reinterpret_cast<float2*>(dSs + il * kStride + jl[0]);  // P or E in, dS out (zeros past S)
         const float2 in = *staged;
         const float2 pd_in = kRead ? *reinterpret_cast<const float2*>(Pds + il * kStride + jl[0]) : float2{};
-        // lse log2(e); +inf past S and for a row whose keys are all masked (lse -inf), so that its P is 0
-        const float lse = q_lse[il], lse_log2e = il < queries && lse != -INFINITY ? lse * kLog2e : INFINITY;
-        const bool query_e = q_e[il] != 0.f;
+        float lse_log2e = 0.f;  // recompute: lse log2(e), +inf past S and on a row whose keys are all masked: P 0
+        bool query_e = false;
+        if constexpr (recompute) {
+          const float lse = q_lse[il];
+          lse_log2e = il < queries && lse != -INFINITY ? lse * kLog2e : INFINITY;
+          query_e = q_e[il] != 0.f;
+        }
         float out[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int c = cq + 2 * r;  // the accumulator element of key row r, query column il
           const float staged_in = r ? in.y : in.x;
-          const float dpd = factor.dpd * ds[nt][c];
-          float prob = 0.f, dropped = 0.f, d = 0.f;
+          float prob = 0.f, dropped = 0.f, d = 0.f;  // dropped: Pd, times pd_factor in training
           if constexpr (recompute) {
             // a masked key's score is -inf, so its P 0
             const float score = fmaf(pd[nt][c], qk_scale, staged_in) + (query_e ? terms[r].y : terms[r].x);
             prob = exp_shifted(score, lse_log2e);
             dropped = prob * keep[cq][r];
-            d = prob * (dpd * keep[cq][r] - q_delta[il]);
+            d = prob * (dpd_over_pd * ds[nt][c] * keep[cq][r] - q_delta[il]);
           } else {
+            const float dpd = factor.dpd * ds[nt][c];
             prob = staged_in;
             dropped = r ? pd_in.y : pd_in.x;
             d = dropped * dpd - prob * q_delta[il];
@@ -693,7 +720,7 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
               sums[3][cq] += double(prob) * (1.f - ej[r]);
             }
           }
-          pd[nt][c] = kHalf ? p.half.pd_scale * dropped : dropped;
+          pd[nt][c] = recompute ? dropped : pd_factor * dropped;
           ds[nt][c] = factor.ds * d;
           tile_all[r] += d;
           if constexpr (!kRowSums) tile_e[r] += TilePartial(d) * q_e[il];

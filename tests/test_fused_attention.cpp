@@ -200,6 +200,10 @@ TEST_CASE("errors/fused attention") {
                  "an explicit dropout mask is not supported"));
   CHECK(error_of([&] { tg::fused_attention(qkv, e, tg::from_vector({1, 3, 1}, {1, 3}), E, w, w, 2); }) ==
         "fused_attention: attn_mask [1,3] must hold only 0 and 1; element 1 is 3");
+  // p under 1 as a double but 1 as a float, which the kernels' keep threshold cannot express
+  CHECK(error_of([&] { tg::fused_attention(qkv, e, a, E, w, w, 2, {0.99999999}); }) ==
+        "fused_attention: dropout p must be in [0, 1) (as a float), got 0.99999999");
+  CHECK(error_of([&] { tg::fused_attention(qkv, e, a, E, w, w, 2, {1.0 - 1e-7}); }).empty());
   // The CUDA grids' limit on (b, h) pairs (checked on any device: no data is needed).
   CHECK(error_of([] { tg::check_cuda_batch_heads("fused_attention", 32768, 2); }) ==
         "fused_attention: batch 32768 x heads 2 = 65536 exceeds the CUDA kernels' limit of 65535 (b, h) pairs");
