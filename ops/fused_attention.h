@@ -17,6 +17,10 @@
 // the dropout mask is regenerated from Philox (keyed like tg::dropout on the
 // [B,H,S,S] probabilities). docs/derivations.md derives it.
 //
+// The CUDA kernels add a masked key's -inf to its score, so edit_region_bias
+// must hold no +inf or NaN (-inf is fine): at a masked key such a bias gives
+// NaN, where the CPU loops and the decomposed graph give -inf.
+//
 // Devices: CUDA float32 with head dim 64 runs the fused kernels (at "high"
 // on fp16 tensor cores, each operand scaled by a power of two, TF32's
 // mantissa; 3xTF32 at "highest"); another head dim or dtype on CUDA is
