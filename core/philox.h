@@ -29,8 +29,8 @@ TG_HD uint32_t mulhilo32(uint32_t a, uint32_t b, uint32_t* hi) {
 #endif
 }
 
-// The ten round keys of (key0, key1): round r's is key + r (0x9E3779B9,
-// 0xBB67AE85), modulo 2^32. A kernel that draws many blocks under one key
+// The ten round keys of (key0, key1): round r's are key0 + r 0x9E3779B9 and
+// key1 + r 0xBB67AE85, modulo 2^32. A kernel that draws many blocks under one key
 // takes them as an argument, where its rounds read them as constant operands
 // instead of adding them up again per block (bench/NOTES.md, version 12).
 struct PhiloxKeys {
@@ -86,9 +86,10 @@ TG_HD Philox4 philox_block(PhiloxState s, uint64_t group) {
 TG_HD float bits_to_uniform(uint32_t bits) { return static_cast<float>(bits >> 8) * (1.0f / 16777216.0f); }
 
 // bits_to_uniform(bits) >= p exactly when bits >= dropout_keep_threshold(p),
-// for a float p in [0, 1) (p = 1 would wrap to 0: keep all): the uniform is n 2^-24 with n = bits >> 8, n >= p 2^24 means
-// n >= ceil(p 2^24), which is bits >= ceil(p 2^24) 2^8. One integer compare
-// per keep bit where a kernel draws many.
+// for a float p in [0, 1) (p = 1 would wrap to 0: keep all). The uniform is
+// n 2^-24 with n = bits >> 8, an integer, so n >= p 2^24 means n >= ceil(p
+// 2^24), which is bits >= ceil(p 2^24) 2^8: one integer compare per keep bit
+// where a kernel draws many.
 TG_HD uint32_t dropout_keep_threshold(float p) { return static_cast<uint32_t>(std::ceil(p * 16777216.0f)) << 8; }
 
 // Element i's uniform: lane i % 4 of block i / 4.

@@ -190,12 +190,13 @@ __device__ __forceinline__ float2 edit_terms(bool key_ok, float e_j, float w_in,
   return e_j != 0.f ? float2{w_x, w_in} : float2{0.f, w_x};
 }
 
-// edit_terms of keys k0 .. k0 + n - 1 into shared memory, for queries with
-// e_i = 0 (terms[j]) and e_i = 1 (terms[n + j]); thread j takes key k0 + j.
-__device__ __forceinline__ bool key_takes_part(const ScoreArgs& sc, int64_t b, int64_t j) {  // exists, not masked
+// Whether key j of batch b takes part: it exists and is not masked.
+__device__ __forceinline__ bool key_takes_part(const ScoreArgs& sc, int64_t b, int64_t j) {
   return j < sc.S && sc.a[b * sc.S + j] != 0.f;
 }
 
+// edit_terms of keys k0 .. k0 + n - 1 into shared memory, for queries with
+// e_i = 0 (terms[j]) and e_i = 1 (terms[n + j]); thread j takes key k0 + j.
 __device__ __forceinline__ void load_key_terms(const ScoreArgs& sc, int64_t b, int64_t k0, int n, float w_in,
                                                float w_x, float* terms) {
   if (threadIdx.x >= n) return;
