@@ -151,43 +151,47 @@ void gemm_into(const char* op, const Tensor& a_in, const Tensor& b_in, const Ten
 
 namespace {
 // 1 to kMaxFp16Group contiguous 2-D float32 matrices on one device.
-void check_fp16_matrices(const std::vector<Tensor>& xs) {
-  TG_CHECK(!xs.empty() && xs.size() <= size_t(kMaxFp16Group), "to_fp16: takes 1 to ", kMaxFp16Group,
+void check_fp16_matrices(const char* op, const std::vector<Tensor>& xs) {
+  TG_CHECK(!xs.empty() && xs.size() <= size_t(kMaxFp16Group), op, ": takes 1 to ", kMaxFp16Group,
            " matrices, got ", xs.size());
   for (size_t i = 0; i < xs.size(); ++i) {
     const Tensor& x = xs[i];
-    check_defined("to_fp16", "x", x);
-    TG_CHECK(x.dtype() == DType::Float32 && x.dim() == 2 && x.is_contiguous() && x.device() == xs[0].device(),
-             "to_fp16: matrix ", i, " must be contiguous, 2-D, float32 and on ", xs[0].device(), " like matrix 0; got ",
+    check_defined(op, "x", x);
+    TG_CHECK(x.dtype() == DType::Float32 && x.dim() == 2 && x.is_contiguous() && x.device() == xs[0].device(), op,
+             ": matrix ", i, " must be contiguous, 2-D, float32 and on ", xs[0].device(), " like matrix 0; got ",
              dtype_name(x.dtype()), " ", x.shape(), " with strides ", x.strides(), " on ", x.device());
   }
 }
-}  // namespace
 
-Fp16Group fp16_group(const std::vector<Tensor>& xs) {
-  check_fp16_matrices(xs);
+// The group of xs, checked and allocated, not filled; errors name `op`.
+Fp16Group allocate_fp16_group(const char* op, const std::vector<Tensor>& xs) {
+  check_fp16_matrices(op, xs);
   Fp16Group group;
   for (const Tensor& x : xs)
     group.matrices.push_back({empty({(x.numel() + 1) / 2}, {DType::Float32, x.device()}), x.size(0), x.size(1)});
   group.scalars = empty({kFp16Scalars}, {DType::Float32, xs[0].device()});
   return group;
 }
+}  // namespace
+
+Fp16Group fp16_group(const std::vector<Tensor>& xs) { return allocate_fp16_group("fp16_group", xs); }
 
 void convert_to_fp16(const std::vector<Tensor>& xs, const Fp16Group& group) {
-  check_fp16_matrices(xs);
-  TG_CHECK(xs.size() == group.matrices.size(), "to_fp16: ", xs.size(), " matrices into a group of ",
+  const char* op = "convert_to_fp16";
+  check_fp16_matrices(op, xs);
+  TG_CHECK(xs.size() == group.matrices.size(), op, ": ", xs.size(), " matrices into a group of ",
            group.matrices.size());
   for (size_t i = 0; i < xs.size(); ++i) {
     const Fp16Matrix& m = group.matrices[i];
-    TG_CHECK(xs[i].size(0) == m.rows && xs[i].size(1) == m.cols && xs[i].device() == group.scalars.device(),
-             "to_fp16: matrix ", i, " ", xs[i].shape(), " on ", xs[i].device(), " into a group made for [", m.rows,
-             ", ", m.cols, "] on ", group.scalars.device());
+    TG_CHECK(xs[i].size(0) == m.rows && xs[i].size(1) == m.cols && xs[i].device() == group.scalars.device(), op,
+             ": matrix ", i, " ", xs[i].shape(), " on ", xs[i].device(), " into a group made for [", m.rows, ", ",
+             m.cols, "] on ", group.scalars.device());
   }
   TG_DISPATCH_DEVICE(xs[0], GemmKernels, to_fp16, xs, group);
 }
 
 Fp16Group to_fp16(const std::vector<Tensor>& xs) {
-  Fp16Group group = fp16_group(xs);
+  Fp16Group group = allocate_fp16_group("to_fp16", xs);
   TG_DISPATCH_DEVICE(xs[0], GemmKernels, to_fp16, xs, group);
   return group;
 }

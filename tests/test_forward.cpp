@@ -121,22 +121,23 @@ TEST_CASE("forward/matmul") {
 
 TEST_CASE("forward/fp16 GEMM operands: CUDA only, a clear error elsewhere") {
   CHECK_THROWS_WITH(tg::to_fp16({tg::ones({2, 2})}), doctest::Contains("CUDA only"));
-  CHECK_THROWS_WITH(tg::to_fp16({}), doctest::Contains("takes 1 to 4 matrices, got 0"));
+  CHECK_THROWS_WITH(tg::to_fp16({}), "to_fp16: takes 1 to 4 matrices, got 0");
+  CHECK_THROWS_WITH(tg::fp16_group({}), "fp16_group: takes 1 to 4 matrices, got 0");
   CHECK_THROWS_WITH(tg::to_fp16({tg::ones({2, 2}).transpose(0, 1).contiguous(), tg::ones({2, 3}).transpose(0, 1)}),
                     doctest::Contains("to_fp16: matrix 1 must be contiguous, 2-D, float32 and on cpu like matrix 0; got float32 [3,2] with strides [1,3]"));
   // In two steps (the group allocated first): the group must be the matrices'.
   const tg::Fp16Group group = tg::fp16_group({tg::ones({2, 2})});
   CHECK_THROWS_WITH(tg::convert_to_fp16({tg::ones({2, 3})}, group),
-                    doctest::Contains("to_fp16: matrix 0 [2,3] on cpu into a group made for [2, 2] on cpu"));
+                    doctest::Contains("convert_to_fp16: matrix 0 [2,3] on cpu into a group made for [2, 2] on cpu"));
   CHECK_THROWS_WITH(tg::convert_to_fp16({tg::ones({1, 4})}, group),
-                    doctest::Contains("to_fp16: matrix 0 [1,4] on cpu into a group made for [2, 2] on cpu"));
+                    doctest::Contains("convert_to_fp16: matrix 0 [1,4] on cpu into a group made for [2, 2] on cpu"));
   // ... and each matrix as to_fp16 takes it.
   CHECK_THROWS_WITH(tg::convert_to_fp16({tg::ones({2, 2}).transpose(0, 1)}, group),
-                    doctest::Contains("to_fp16: matrix 0 must be contiguous, 2-D, float32 and on cpu like matrix 0; got float32 [2,2] with strides [1,2]"));
+                    doctest::Contains("convert_to_fp16: matrix 0 must be contiguous, 2-D, float32 and on cpu like matrix 0; got float32 [2,2] with strides [1,2]"));
   CHECK_THROWS_WITH(tg::convert_to_fp16({tg::ones({2, 2}, {tg::DType::Float64})}, group),
-                    doctest::Contains("to_fp16: matrix 0 must be contiguous, 2-D, float32"));
+                    doctest::Contains("convert_to_fp16: matrix 0 must be contiguous, 2-D, float32"));
   CHECK_THROWS_WITH(tg::convert_to_fp16({tg::ones({2, 2}), tg::ones({2, 2})}, group),
-                    doctest::Contains("to_fp16: 2 matrices into a group of 1"));
+                    doctest::Contains("convert_to_fp16: 2 matrices into a group of 1"));
   CHECK_THROWS_WITH(tg::convert_to_fp16({tg::ones({2, 2})}, group), doctest::Contains("CUDA only"));
 }
 
