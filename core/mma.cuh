@@ -18,6 +18,8 @@
 
 #include <cstdint>
 
+#include "core/fp16_scale.cuh"
+
 namespace tg::cuda::mma {
 
 // x rounded to TF32 (10 mantissa bits), to nearest, ties away from zero.
@@ -296,26 +298,65 @@ __device__ __forceinline__ void red_add2(float* p, float x, float y) {
   asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(x), "f"(y) : "memory");
 }
 
-// Adds (add) or stores f times a 16 x 8N accumulator tile to global rows,
-// each lane its own pairs (c0, c1) and (c2, c3) as they stand, 8 bytes at a
-// time: row(0) is where fragment row g goes, row(1) row g + 8 (null: not
-// written; 8-byte aligned rows). A warp's instruction still covers whole
-// 32-byte sectors (four lanes per row), so the L2 sees as many sector updates
-// as with 16-byte atomics, and the lanes need no shuffles to pair rows first.
-template <int N, class RowOf>
-__device__ __forceinline__ void write_tile(const float (&acc)[N][4], float f, const RowOf& row, int lane, bool add) {
+// Calls store(at, x, y) for each lane's pairs (c0, c1) and (c2, c3) of f
+// times a 16 x 8N accumulator tile as they stand: row(0) is where fragment
+// row g goes, row(1) row g + 8 (null: not written), `at` the pair's first
+// element there. A warp's instruction covers whole 32-byte sectors (four
+// lanes per row), so the lanes need no shuffles to pair rows first.
+template <int N, class RowOf, class Store>
+__device__ __forceinline__ void store_pairs(const float (&acc)[N][4], float f, const RowOf& row, int lane,
+                                            const Store& store) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float* dst = row(r);
+    const auto dst = row(r);
     if (!dst) continue;
 #pragma unroll
-    for (int nt = 0; nt < N; ++nt) {
-      float* at = dst + 8 * nt + 2 * (lane & 3);
-      const float x = f * acc[nt][2 * r], y = f * acc[nt][2 * r + 1];
-      if (add) red_add2(at, x, y);
-      else *reinterpret_cast<float2*>(at) = make_float2(x, y);
-    }
+    for (int nt = 0; nt < N; ++nt) store(dst + 8 * nt + 2 * (lane & 3), f * acc[nt][2 * r], f * acc[nt][2 * r + 1]);
   }
+}
+
+// Adds (add) or stores the tile to float rows, 8 bytes at a time (8-byte
+// aligned rows): the L2 sees as many sector updates as with 16-byte atomics.
+template <int N, class RowOf>
+__device__ __forceinline__ void write_tile(const float (&acc)[N][4], float f, const RowOf& row, int lane, bool add) {
+  store_pairs(acc, f, row, lane, [add](float* at, float x, float y) {
+    if (add) red_add2(at, x, y);
+    else *reinterpret_cast<float2*>(at) = make_float2(x, y);
+  });
+}
+
+// Stores the tile to fp16 rows (4-byte aligned), rounded to nearest.
+template <int N, class RowOf>
+__device__ __forceinline__ void write_tile_half(const float (&acc)[N][4], float f, const RowOf& row, int lane) {
+  store_pairs(acc, f, row, lane,
+              [](__half* at, float x, float y) { *reinterpret_cast<__half2*>(at) = __floats2half2_rn(x, y); });
+}
+
+// The largest finite |x| of the lane's accumulator elements.
+template <int N>
+__device__ __forceinline__ float lane_abs_max(const float (&acc)[N][4]) {
+  float m = 0.f;
+#pragma unroll
+  for (int nt = 0; nt < N; ++nt)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) m = fmaxf(m, finite_abs(acc[nt][c]));
+  return m;
+}
+
+// Adds f times the tile's column sums (over its 16 rows) to col[0 .. 8N):
+// the lanes of one t pair up by shuffles, then one atomic per column.
+template <int N>
+__device__ __forceinline__ void add_column_sums(const float (&acc)[N][4], float f, float* col, int lane) {
+#pragma unroll
+  for (int nt = 0; nt < N; ++nt)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      float v = acc[nt][c] + acc[nt][c + 2];
+      v += __shfl_xor_sync(0xffffffffu, v, 4);
+      v += __shfl_xor_sync(0xffffffffu, v, 8);
+      v += __shfl_xor_sync(0xffffffffu, v, 16);
+      if (lane < 4) atomicAdd(col + 8 * nt + 2 * lane + c, f * v);
+    }
 }
 
 }  // namespace tg::cuda::mma

@@ -78,18 +78,27 @@ TG_HD Philox4 philox_counter(uint64_t offset, uint64_t group) {
            static_cast<uint32_t>(offset >> 32)}};
 }
 
-TG_HD Philox4 philox_block(PhiloxState s, uint64_t group) {
-  return philox4x32_10(philox_counter(s.offset, group), philox_keys(s));
+// A draw as kernels that take many blocks from it hold it: its round keys,
+// computed once, and its offset.
+struct PhiloxDraw {
+  PhiloxKeys keys;
+  uint64_t offset;
+};
+TG_HD PhiloxDraw philox_draw(PhiloxState s) { return {philox_keys(s), s.offset}; }
+TG_HD Philox4 philox_block(const PhiloxDraw& d, uint64_t group) {
+  return philox4x32_10(philox_counter(d.offset, group), d.keys);
 }
+TG_HD Philox4 philox_block(PhiloxState s, uint64_t group) { return philox_block(philox_draw(s), group); }
 
 // Uniform in [0, 1) from the top 24 of 32 random bits: exact in float, so host and device agree bit for bit.
 TG_HD float bits_to_uniform(uint32_t bits) { return static_cast<float>(bits >> 8) * (1.0f / 16777216.0f); }
 
-// bits_to_uniform(bits) >= p exactly when bits >= dropout_keep_threshold(p),
-// for a float p in [0, 1) (p = 1 would wrap to 0: keep all). The uniform is
-// n 2^-24 with n = bits >> 8, an integer, so n >= p 2^24 means n >= ceil(p
-// 2^24), which is bits >= ceil(p 2^24) 2^8: one integer compare per keep bit
-// where a kernel draws many.
+// Dropout keeps an element when its uniform is at least p: bits_to_uniform(bits)
+// >= p, which holds exactly when bits >= dropout_keep_threshold(p), for a float
+// p in [0, 1) (p = 1 would wrap to 0: keep all). The uniform is n 2^-24 with
+// n = bits >> 8, an integer, so n >= p 2^24 means n >= ceil(p 2^24), which is
+// bits >= ceil(p 2^24) 2^8: one integer compare per keep bit, the form every
+// dropout (the op's, the fused kernels', their CPU loops) uses.
 TG_HD uint32_t dropout_keep_threshold(float p) { return static_cast<uint32_t>(std::ceil(p * 16777216.0f)) << 8; }
 
 // Element i's uniform: lane i % 4 of block i / 4.
@@ -104,8 +113,8 @@ TG_HD float philox_uniform(PhiloxState s, int64_t i) {
 TG_HD uint64_t dropout_block(int64_t row, int64_t col, int64_t cols) {
   return static_cast<uint64_t>(row) * static_cast<uint64_t>((cols + 3) / 4) + static_cast<uint64_t>(col / 4);
 }
-TG_HD float dropout_uniform(PhiloxState s, int64_t row, int64_t col, int64_t cols) {
-  return bits_to_uniform(philox_block(s, dropout_block(row, col, cols)).v[col % 4]);
+TG_HD uint32_t dropout_bits(PhiloxState s, int64_t row, int64_t col, int64_t cols) {
+  return philox_block(s, dropout_block(row, col, cols)).v[col % 4];
 }
 
 // Standard normal by Box-Muller from two 32-bit lanes of one block.

@@ -83,15 +83,13 @@ Tensor region_attention(const Tensor& x, const Tensor& edit_mask, const Tensor& 
   if (impl == AttentionImpl::Decomposed) return region_attention_decomposed(x, edit_mask, attn_mask, params, dropout);
   check_defined("region_attention", "x", x);
   TG_CHECK(x.dim() == 3, "region_attention: x must be [B,S,C], got ", x.shape());
-  // At "high" the projections run on fp16 tensor cores too, like the attention core.
+  // The qkv projection is part of the fused node (fused_qkv_attention); at
+  // "high" the out-projection runs on fp16 tensor cores too, like the core.
+  const Tensor o = fused_qkv_attention(x, params.qkv_weight, params.qkv_bias, edit_mask, attn_mask,
+                                       params.edit_region_bias, params.within_edit_bias, params.cross_edit_bias,
+                                       params.heads, dropout);
   const bool half = resolve_precision(MatmulPrecision::Default) == MatmulPrecision::High;
-  const auto project = [&](const Tensor& in, const Tensor& w, const Tensor& b) {
-    return half ? linear_fp16(in, w, b) : linear(in, w, b);
-  };
-  const Tensor qkv = project(x, params.qkv_weight, params.qkv_bias);
-  const Tensor o = fused_attention(qkv, edit_mask, attn_mask, params.edit_region_bias, params.within_edit_bias,
-                                   params.cross_edit_bias, params.heads, dropout);
-  return project(o, params.out_weight, params.out_bias);
+  return half ? linear_fp16(o, params.out_weight, params.out_bias) : linear(o, params.out_weight, params.out_bias);
 }
 
 }  // namespace tg

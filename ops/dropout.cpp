@@ -1,5 +1,7 @@
 #include "ops/dropout.h"
 
+#include <iomanip>
+
 #include "autograd/engine.h"
 #include "core/cpu_loops.h"
 #include "core/random.h"
@@ -11,6 +13,11 @@ namespace tg {
 
 TG_INSTANTIATE_KERNELS(DropoutKernels, Device::CPU);
 
+void check_dropout_p(const char* op, const char* name, double p) {
+  TG_CHECK(p >= 0.0 && static_cast<float>(p) < 1.0f, op, ": ", name, " must be in [0, 1) (as a float), got ",
+           std::setprecision(12), p);
+}
+
 namespace {
 Tensor dropout_untracked(const Tensor& x, const Tensor& mask, PhiloxState rng, double p) {
   Tensor out = empty(x.shape(), {x.dtype(), x.device()});
@@ -21,7 +28,7 @@ Tensor dropout_untracked(const Tensor& x, const Tensor& mask, PhiloxState rng, d
 
 Tensor dropout(const Tensor& x, const DropoutOptions& o) {
   check_defined("dropout", "x", x);
-  TG_CHECK(o.p >= 0.0 && o.p < 1.0, "dropout: p must be in [0, 1), got ", o.p);
+  check_dropout_p("dropout", "p", o.p);
   if (o.mask.defined()) {
     TG_CHECK(o.mask.shape() == x.shape(), "dropout: mask ", o.mask.shape(), " must have x's shape ", x.shape());
     TG_CHECK(o.mask.device() == x.device(), "dropout: mask is on ", o.mask.device(), ", x on ", x.device());
@@ -38,7 +45,7 @@ Tensor dropout(const Tensor& x, const DropoutOptions& o) {
 }
 
 Tensor dropout_mask(const Shape& shape, double p, PhiloxState state, TensorOptions opts) {
-  TG_CHECK(p >= 0.0 && p < 1.0, "dropout_mask: p must be in [0, 1), got ", p);
+  check_dropout_p("dropout_mask", "p", p);
   Tensor out = empty(shape, opts);
   TG_DISPATCH_DEVICE(out, DropoutKernels, apply, Tensor(), Tensor(), state, p, out);
   return out;

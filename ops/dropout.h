@@ -1,7 +1,7 @@
 // Dropout: y = x * keep / (1 - p). The keep mask is either regenerated from
 // Philox (seed, offset, and the element's row and column in the tensor seen
-// as rows of its last dim: core/philox.h, dropout_uniform) — never stored — or
-// given explicitly as a 0/1 tensor. keep = uniform >= p. Dropout is linear in x, so its backward is the same op on g:
+// as rows of its last dim: core/philox.h, dropout_bits) — never stored — or
+// given explicitly as a 0/1 tensor. keep = uniform >= p (dropout_keep_threshold). Dropout is linear in x, so its backward is the same op on g:
 //
 //   x <- g * keep / (1 - p)
 //
@@ -21,6 +21,10 @@ struct DropoutOptions {
 };
 
 Tensor dropout(const Tensor& x, const DropoutOptions& options);
+// p in [0, 1), also as a float: every dropout keeps by the threshold of
+// float(p) (core/philox.h), which wraps to "keep all" at 1. Errors name op and
+// the argument `name`.
+void check_dropout_p(const char* op, const char* name, double p);
 // The 0/1 keep mask that dropout(x, {p, state}) applies to a tensor of `shape`.
 Tensor dropout_mask(const Shape& shape, double p, PhiloxState state, TensorOptions opts = {});
 

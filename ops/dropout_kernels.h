@@ -20,11 +20,11 @@ struct DropoutApply {
   T* out;
   int64_t cols, quads_per_row;
   PhiloxState rng;
-  float p;
+  uint32_t keep_threshold;  // dropout_keep_threshold(p)
   T scale;
   bool vector;  // cols % 4 == 0 and in, mask, out Quad-aligned
 
-  TG_HD T drawn(const Philox4& bits, int lane) const { return bits_to_uniform(bits.v[lane]) >= p ? T(1) : T(0); }
+  TG_HD T drawn(const Philox4& bits, int lane) const { return bits.v[lane] >= keep_threshold ? T(1) : T(0); }
 
   TG_HD void operator()(int64_t block) const {
     const Philox4 bits = mask ? Philox4{} : philox_block(rng, static_cast<uint64_t>(block));
@@ -65,7 +65,8 @@ void DropoutKernels<D>::apply(const Tensor& x, const Tensor& mask, PhiloxState r
     const T* in = data_or_null<T>(x);
     const T* m = data_or_null<T>(mask);
     const bool vector = cols % 4 == 0 && aligned16(in) && aligned16(m) && aligned16(out.data<T>());
-    loop(rows * quads, DropoutApply<T>{in, m, out.data<T>(), cols, quads, rng, static_cast<float>(p),
+    loop(rows * quads, DropoutApply<T>{in, m, out.data<T>(), cols, quads, rng,
+                                       dropout_keep_threshold(static_cast<float>(p)),
                                        static_cast<T>(1.0 / (1.0 - p)), vector});
   });
 }

@@ -1,7 +1,6 @@
 #include "ops/fused_attention.h"
 
 #include <cmath>
-#include <iomanip>
 #include <limits>
 #include <vector>
 
@@ -11,6 +10,7 @@
 #include "ops/binary_mask.h"
 #include "ops/fused_attention_kernels.h"
 #include "ops/matmul_kernels.h"
+#include "ops/reduce.h"
 #include "ops/reduce_kernels.h"
 #include "ops/untracked.h"
 
@@ -65,7 +65,8 @@ struct CpuScores {
   T keep_scale(int64_t b, int64_t h, int64_t i, int64_t j) const {
     if (in.p == 0) return T(1);
     const int64_t row = (b * in.d.H + h) * in.d.S + i;
-    return dropout_uniform(in.rng, row, j, in.d.S) >= static_cast<float>(in.p) ? static_cast<T>(1 / (1 - in.p)) : T(0);
+    const bool kept = dropout_bits(in.rng, row, j, in.d.S) >= dropout_keep_threshold(static_cast<float>(in.p));
+    return kept ? static_cast<T>(1 / (1 - in.p)) : T(0);
   }
 };
 
@@ -207,6 +208,22 @@ bool FusedAttentionKernels<Device::CPU>::writes_key_gradients(const AttentionDim
   return false;
 }
 
+template <>
+void FusedAttentionKernels<Device::CPU>::reset_key_halves(const HalfKeyGradients&) {
+  TG_FAIL("fused_attention_backward: fp16 key gradients exist on CUDA only");
+}
+
+template <>
+void FusedAttentionKernels<Device::CPU>::join_half_qkv(const Tensor&, const HalfKeyGradients&, const AttentionDims&,
+                                                       const Tensor&) {
+  TG_FAIL("join_half_qkv: fp16 key gradients exist on CUDA only");
+}
+
+template <>
+void FusedAttentionKernels<Device::CPU>::half_qkv_scalars(const HalfKeyGradients&, const Fp16Group&, const Tensor&) {
+  TG_FAIL("half_qkv_scalars: fp16 key gradients exist on CUDA only");
+}
+
 // ---- the op
 
 namespace {
@@ -237,9 +254,9 @@ void zero_qkv_gradient(const Tensor& dqkv, const AttentionGradTensors& g) {
   fill_into(rows_view(dqkv, C3).narrow(1, 0, C3 / 3), 0.0);
 }
 
-AttentionInputs check_inputs(const Tensor& qkv, const Tensor& e, const Tensor& a, const Tensor& E, const Tensor& w_in,
-                             const Tensor& w_x, int64_t H) {
-  const char* op = "fused_attention";
+// Errors name `op`; for fused_qkv_attention qkv is its projection x W^T + b.
+AttentionInputs check_inputs(const char* op, const Tensor& qkv, const Tensor& e, const Tensor& a, const Tensor& E,
+                             const Tensor& w_in, const Tensor& w_x, int64_t H) {
   for (const auto& [t, name] : {std::pair{&qkv, "qkv"}, {&e, "edit_mask"}, {&a, "attn_mask"}, {&E, "edit_region_bias"},
                                 {&w_in, "within_edit_bias"}, {&w_x, "cross_edit_bias"}})
     check_defined(op, name, *t);
@@ -280,70 +297,210 @@ AttentionInputs check_inputs(const Tensor& qkv, const Tensor& e, const Tensor& a
   return in;
 }
 
+// p and the Philox draw.
+void set_dropout(const char* op, const DropoutOptions& dropout, AttentionInputs& in) {
+  check_dropout_p(op, "dropout p", dropout.p);
+  TG_CHECK(!dropout.mask.defined(), op, ": an explicit dropout mask is not supported (the kernels draw it from "
+           "Philox); pass p and optionally rng");
+  in.p = dropout.p;
+  if (in.p > 0) in.rng = dropout.rng ? *dropout.rng : default_generator().next();
+}
+
+// The core's saved tensors, first in a node's list: q, k, v (undefined where
+// the fp16 copy is kept), o, lse, the masks, the bias parameters, and the
+// fp16 copy's values and scalars.
+enum CoreSaved : size_t { kQ, kK, kV, kO, kLse, kEditMask, kAttnMask, kE, kWithin, kCross, kHalfValues, kHalfScalars,
+                          kCoreSaved };
+
+// The core's forward on checked inputs: o [B,S,C] and the log-sum-exp
+// [B,H,S]. At "high" on CUDA the kernels read qkv's fp16 copy (in.qkv_half),
+// which the backward keeps in place of the float q, k, v (half their memory).
+std::vector<Tensor> core_forward(AttentionInputs& in, MatmulPrecision precision) {
+  const AttentionDims d = in.d;
+  const TensorOptions opts{in.qkv.dtype(), in.qkv.device()};
+  const bool half_qkv = in.qkv.is_cuda() && precision == MatmulPrecision::High && d.B * d.H * d.S > 0;
+  if (half_qkv) in.qkv_half = to_fp16({rows_view(in.qkv, 3 * d.H * d.D)});
+  Tensor o = empty({d.B, d.S, d.H * d.D}, opts);
+  const Tensor lse = empty({d.B, d.H, d.S}, opts);
+  TG_DISPATCH_DEVICE(in.qkv, FusedAttentionKernels, forward, in, o, lse, precision);
+  const auto unless_half = [&](const Tensor& t) { return half_qkv ? Tensor() : t; };
+  const Tensor half_values = half_qkv ? in.qkv_half.matrices[0].values : Tensor();
+  return {unless_half(in.q), unless_half(in.k), unless_half(in.v), o, lse, in.edit_mask, in.attn_mask,
+          in.edit_region_bias, in.within, in.cross, half_values, in.qkv_half.scalars};
+}
+
+// The sizes and settings a closure keeps; the tensors live in its saved list.
+AttentionInputs core_meta(AttentionInputs in) {
+  in.qkv = in.q = in.k = in.v = in.edit_mask = in.attn_mask = in.edit_region_bias = in.within = in.cross = Tensor();
+  in.qkv_half = {};
+  return in;
+}
+
+AttentionInputs core_inputs(AttentionInputs in, const autograd::SavedTensors& s) {
+  in.q = s[kQ], in.k = s[kK], in.v = s[kV], in.edit_mask = s[kEditMask], in.attn_mask = s[kAttnMask];
+  in.edit_region_bias = s[kE], in.within = s[kWithin], in.cross = s[kCross];
+  if (s[kHalfValues].defined()) in.qkv_half = {{{s[kHalfValues], in.d.B * in.d.S, 3 * in.d.H * in.d.D}}, s[kHalfScalars]};
+  return in;
+}
+
+// The backward's start: Delta = rowsum(do o), after which o goes; with fp16
+// tiles dO's fp16 copy, after which the float dO goes (both before any
+// gradient buffer exists). Then dE (zeroed as the kernel needs) and dw_in,
+// dw_x where wanted.
+AttentionGradTensors start_core_backward(const AttentionInputs& in, Tensor g, const autograd::SavedTensors& s,
+                                         bool needs_E, bool needs_w) {
+  const AttentionDims d = in.d;
+  const TensorOptions opts{g.dtype(), g.device()};
+  AttentionGradTensors gt;
+  gt.dout = materialize_aligned(g);
+  g = Tensor();
+  gt.lse = s[kLse];
+  gt.delta = empty({d.B, d.H, d.S}, opts);
+  TG_DISPATCH_DEVICE(gt.dout, FusedAttentionKernels, row_dot, gt.dout, s[kO], gt.delta, d);
+  s.release_early(kO);
+  if (!in.qkv_half.matrices.empty()) {
+    gt.dout_half = to_fp16({rows_view(gt.dout, d.H * d.D)});
+    gt.dout = Tensor();
+  }
+  if (needs_E) {
+    gt.dE = empty({d.H, d.M, d.M}, opts);
+    zero_edit_bias_gradient(gt.dE, d);
+  }
+  if (needs_w) gt.dw_in = empty({d.H}, opts), gt.dw_x = empty({d.H}, opts);
+  return gt;
+}
+
+// The core's kernels into qkv's float gradient [B,S,3C].
+Tensor float_qkv_backward(const AttentionInputs& in, AttentionGradTensors& gt, MatmulPrecision precision) {
+  const Tensor dqkv = qkv_gradient(gt.delta, in.d, precision, false, gt);
+  zero_qkv_gradient(dqkv, gt);
+  TG_DISPATCH_DEVICE(dqkv, FusedAttentionKernels, backward, in, gt, precision);
+  return dqkv;
+}
+
+// The gradients of E, w_in and w_x as the node returns them.
+std::vector<Tensor> edit_bias_grads(const AttentionGradTensors& gt, const autograd::GradMask& needs, size_t E) {
+  const int64_t H = gt.dw_in.defined() ? gt.dw_in.size(0) : 0;
+  return {gt.dE, autograd::grad_if(needs[E + 1], [&] { return gt.dw_in.view({H, 1, 1}); }),
+          autograd::grad_if(needs[E + 2], [&] { return gt.dw_x.view({H, 1, 1}); })};
+}
+
+// fused_qkv_attention's backward at "high" on CUDA: the core's kernel writes
+// dq as float and dk, dv as fp16 (HalfKeyGradients), the three are joined
+// into one fp16 dqkv, and the projection's GEMMs read it with x and w's fp16
+// copies. The float dqkv [B,S,3C] never exists (docs/derivations.md,
+// "Training memory"); the core's saved fp16 q, k, v and dO go right after the
+// kernel. Returns {dx2, dw, db} where needs says.
+std::vector<Tensor> half_qkv_projection_backward(AttentionInputs& in, AttentionGradTensors& gt,
+                                                 const autograd::SavedTensors& s, const Tensor& x2, const Tensor& w,
+                                                 const autograd::GradMask& needs) {
+  const AttentionDims d = in.d;
+  const int64_t rows = d.B * d.S, C = d.H * d.D;
+  const TensorOptions opts{x2.dtype(), x2.device()};
+  Tensor dq = empty({d.B, d.S, C}, opts);
+  fill_into(dq, 0.0);
+  gt.dq = make_view(dq, {d.B, d.H, d.S, d.D}, {d.S * C, d.D, C, 1}, dq.offset());
+  const Tensor db = empty({3 * C}, opts);
+  HalfKeyGradients& kv = gt.key_halves;
+  kv.values = empty({rows * C}, opts);  // [B S, 2C] fp16
+  kv.exponents = empty({d.B * d.H * ((d.S + kHalfKeyGroup - 1) / kHalfKeyGroup)}, opts);
+  kv.scratch = empty({2}, opts);
+  kv.bias = db.narrow(0, C, 2 * C);
+  fill_into(kv.bias, 0.0);
+  TG_DISPATCH_DEVICE(dq, FusedAttentionKernels, reset_key_halves, kv);
+  TG_DISPATCH_DEVICE(dq, FusedAttentionKernels, backward, in, gt, MatmulPrecision::High);
+  for (const size_t i : {kHalfValues, kHalfScalars, kLse}) s.release_early(i);
+  in.qkv_half = {};
+  gt.dout_half = {};
+  gt.dq = gt.lse = gt.delta = Tensor();
+
+  copy_into(db.narrow(0, 0, C), sum(rows_view(dq, C), {0}));  // dbq from the float dq; dbk, dbv from the kernel
+  const Tensor dqkv_values = empty({rows * 3 * C / 2}, opts);
+  TG_DISPATCH_DEVICE(dq, FusedAttentionKernels, join_half_qkv, dq, kv, d, dqkv_values);
+  dq = kv.values = Tensor();
+  const Fp16Group xw = to_fp16({x2, w});
+  const Fp16Group group{{{dqkv_values, rows, 3 * C}, xw.matrices[0], xw.matrices[1]}, empty({kFp16Scalars}, opts)};
+  TG_DISPATCH_DEVICE(x2, FusedAttentionKernels, half_qkv_scalars, kv, xw, group.scalars);
+  const auto product = [&](int a, bool transpose_a, int b, Shape shape) {
+    Tensor c = empty(shape, opts);
+    gemm_fp16_into(group, a, transpose_a, b, false, c);
+    return c;
+  };
+  enum { kDqkv, kX, kW };
+  return {autograd::grad_if(needs[0], [&] { return product(kDqkv, false, kW, {rows, w.size(1)}); }),
+          autograd::grad_if(needs[1], [&] { return product(kDqkv, true, kX, {3 * C, x2.size(1)}); }),
+          autograd::keep_if(needs[2], db)};
+}
+
 }  // namespace
 
 Tensor fused_attention(const Tensor& qkv, const Tensor& edit_mask, const Tensor& attn_mask, const Tensor& E,
                        const Tensor& w_in, const Tensor& w_x, int64_t heads, const DropoutOptions& dropout,
                        MatmulPrecision precision_in) {
-  AttentionInputs in = check_inputs(qkv, edit_mask, attn_mask, E, w_in, w_x, heads);
-  // The kernels draw with p as a float (dropout_keep_threshold): it must stay under 1 there too.
-  TG_CHECK(dropout.p >= 0.0 && static_cast<float>(dropout.p) < 1.0f,
-           "fused_attention: dropout p must be in [0, 1) (as a float), got ", std::setprecision(12), dropout.p);
-  TG_CHECK(!dropout.mask.defined(), "fused_attention: an explicit dropout mask is not supported (the kernels draw it "
-           "from Philox); pass p and optionally rng");
-  in.p = dropout.p;
-  if (in.p > 0) in.rng = dropout.rng ? *dropout.rng : default_generator().next();
+  const char* op = "fused_attention";
+  AttentionInputs in = check_inputs(op, qkv, edit_mask, attn_mask, E, w_in, w_x, heads);
+  set_dropout(op, dropout, in);
   const MatmulPrecision precision = resolve_precision(precision_in);
-  const AttentionDims d = in.d;
-  const TensorOptions opts{qkv.dtype(), qkv.device()};
-  // At "high" on CUDA the kernels read qkv's fp16 copy, which the backward
-  // keeps in place of the float q, k, v (half their memory).
-  const bool half_qkv = qkv.is_cuda() && precision == MatmulPrecision::High && d.B * d.H * d.S > 0;
-  if (half_qkv) in.qkv_half = to_fp16({rows_view(in.qkv, 3 * d.H * d.D)});
-  Tensor o = empty({d.B, d.S, d.H * d.D}, opts);
-  const Tensor lse = empty({d.B, d.H, d.S}, opts);
-  TG_DISPATCH_DEVICE(qkv, FusedAttentionKernels, forward, in, o, lse, precision);
-  AttentionInputs meta = in;  // the closure keeps sizes and settings; the tensors live in `saved`
-  meta.qkv = meta.q = meta.k = meta.v = meta.edit_mask = meta.attn_mask = meta.edit_region_bias = meta.within = meta.cross = Tensor();
-  meta.qkv_half = {};
-  const Tensor half_values = half_qkv ? in.qkv_half.matrices[0].values : Tensor();
-  const int64_t half_rows = d.B * d.S, half_cols = 3 * d.H * d.D;
-  const auto unless_half = [&](const Tensor& t) { return half_qkv ? Tensor() : t; };
+  std::vector<Tensor> saved = core_forward(in, precision);
+  const Tensor o = saved[kO];
+  return autograd::record(OpId::fused_attention, o, {qkv, E, w_in, w_x}, std::move(saved),
+                          [meta = core_meta(in), precision](Tensor g, const auto& s, const autograd::GradMask& needs) {
+    const AttentionInputs in = core_inputs(meta, s);
+    AttentionGradTensors gt = start_core_backward(in, std::move(g), s, needs[1], needs[2] || needs[3]);
+    std::vector<Tensor> grads{autograd::keep_if(needs[0], float_qkv_backward(in, gt, precision))};
+    for (Tensor& t : edit_bias_grads(gt, needs, 1)) grads.push_back(std::move(t));
+    return grads;
+  });
+}
+
+Tensor fused_qkv_attention(const Tensor& x, const Tensor& qkv_weight, const Tensor& qkv_bias, const Tensor& edit_mask,
+                           const Tensor& attn_mask, const Tensor& E, const Tensor& w_in, const Tensor& w_x,
+                           int64_t heads, const DropoutOptions& dropout, MatmulPrecision precision_in) {
+  const char* op = "fused_qkv_attention";
+  check_defined(op, "x", x);
+  check_defined(op, "qkv_weight", qkv_weight);
+  TG_CHECK(x.dim() == 3, op, ": x must be [B,S,C], got ", x.shape());
+  TG_CHECK(qkv_weight.dim() == 2 && qkv_weight.size(1) == x.size(2), op, ": qkv_weight must be [3 H D, ", x.size(2),
+           "] for x ", x.shape(), ", got ", qkv_weight.shape());
+  check_same_dtype_device(op, x, qkv_weight);
+  if (qkv_bias.defined()) {
+    check_same_dtype_device(op, x, qkv_bias);
+    TG_CHECK(qkv_bias.shape() == Shape{qkv_weight.size(0)}, op, ": qkv_bias must be [", qkv_weight.size(0),
+             "] for qkv_weight ", qkv_weight.shape(), ", got ", qkv_bias.shape());
+  }
+  const MatmulPrecision precision = resolve_precision(precision_in);
+  // At "high" on CUDA the projection's GEMMs run on fp16 tensor cores, like the core's (linear_fp16).
+  const bool half = x.is_cuda() && x.dtype() == DType::Float32 && precision == MatmulPrecision::High;
+  const Tensor x2 = rows_view(materialize(x), x.size(2)), w = half ? materialize(qkv_weight) : qkv_weight;
+  const Tensor qkv = linear_forward(op, x2, w, qkv_bias, precision, half).view({x.size(0), x.size(1), w.size(0)});
+  AttentionInputs in = check_inputs(op, qkv, edit_mask, attn_mask, E, w_in, w_x, heads);
+  set_dropout(op, dropout, in);
+  std::vector<Tensor> saved = core_forward(in, precision);
+  const Tensor o = saved[kO];
+  const autograd::GradMask m = autograd::grad_mask({x, qkv_weight, qkv_bias});
+  const bool project = m[0] || m[1];
+  saved.push_back(autograd::keep_if(project, x2));
+  saved.push_back(autograd::keep_if(project, w));
   return autograd::record(
-      OpId::fused_attention, o, {qkv, E, w_in, w_x},
-      {unless_half(in.q), unless_half(in.k), unless_half(in.v), o, lse, in.edit_mask, in.attn_mask,
-       in.edit_region_bias, in.within, in.cross, half_values, in.qkv_half.scalars},
-      [meta, precision, half_rows, half_cols](Tensor g, const auto& s, const autograd::GradMask& needs) {
-        AttentionInputs in = meta;
-        in.q = s[0], in.k = s[1], in.v = s[2], in.edit_mask = s[5], in.attn_mask = s[6];
-        in.edit_region_bias = s[7], in.within = s[8], in.cross = s[9];
-        if (s[10].defined()) in.qkv_half = {{{s[10], half_rows, half_cols}}, s[11]};
-        const AttentionDims d = in.d;
-        const TensorOptions opts{g.dtype(), g.device()};
-        AttentionGradTensors gt;
-        gt.dout = materialize_aligned(g);
-        g = Tensor();
-        gt.lse = s[4];
-        gt.delta = empty({d.B, d.H, d.S}, opts);
-        TG_DISPATCH_DEVICE(gt.dout, FusedAttentionKernels, row_dot, gt.dout, s[3], gt.delta, d);
-        s.release_early(3);  // o: only row_dot reads it
-        // With fp16 tiles the kernel reads dO's fp16 copy: the float dO goes
-        // before the gradients' buffers are allocated.
-        if (!in.qkv_half.matrices.empty()) {
-          gt.dout_half = to_fp16({rows_view(gt.dout, d.H * d.D)});
-          gt.dout = Tensor();
+      OpId::fused_qkv_attention, o, {x, qkv_weight, qkv_bias, E, w_in, w_x}, std::move(saved),
+      [meta = core_meta(in), precision, half, x_shape = x.shape()](Tensor g, const auto& s,
+                                                                     const autograd::GradMask& needs) {
+        AttentionInputs in = core_inputs(meta, s);
+        AttentionGradTensors gt = start_core_backward(in, std::move(g), s, needs[3], needs[4] || needs[5]);
+        const Tensor x2 = s[kCoreSaved], w = s[kCoreSaved + 1];
+        const autograd::GradMask projection{needs[0], needs[1], needs[2]};
+        std::vector<Tensor> grads;
+        if (!in.qkv_half.matrices.empty() && x2.defined()) {
+          grads = half_qkv_projection_backward(in, gt, s, x2, w, projection);
+        } else {
+          Tensor dqkv = float_qkv_backward(in, gt, precision);
+          Tensor g2 = rows_view(dqkv, dqkv.size(2));
+          dqkv = Tensor();
+          grads = linear_backward(std::move(g2), x2, w, projection, precision, half);
         }
-        const Tensor dqkv = qkv_gradient(gt.delta, d, precision, false, gt);
-        zero_qkv_gradient(dqkv, gt);
-        if (needs[1]) {
-          gt.dE = empty({d.H, d.M, d.M}, opts);
-          zero_edit_bias_gradient(gt.dE, d);
-        }
-        if (needs[2] || needs[3]) gt.dw_in = empty({d.H}, opts), gt.dw_x = empty({d.H}, opts);
-        TG_DISPATCH_DEVICE(dqkv, FusedAttentionKernels, backward, in, gt, precision);
-        return std::vector<Tensor>{autograd::keep_if(needs[0], dqkv), gt.dE,
-                                   autograd::grad_if(needs[2], [&] { return gt.dw_in.view({d.H, 1, 1}); }),
-                                   autograd::grad_if(needs[3], [&] { return gt.dw_x.view({d.H, 1, 1}); })};
+        if (grads[0].defined()) grads[0] = grads[0].view(x_shape);
+        for (Tensor& t : edit_bias_grads(gt, needs, 3)) grads.push_back(std::move(t));
+        return grads;
       });
 }
 

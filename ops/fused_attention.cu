@@ -12,6 +12,7 @@
 #include "core/cuda_context.h"
 #include "core/cuda_loops.cuh"
 #include "core/cuda_reduce.cuh"
+#include "core/fp16_scale.cuh"
 #include "core/mma.cuh"
 #include "ops/fused_attention_kernels.h"
 #include "ops/matmul_kernels.h"
@@ -64,8 +65,7 @@ struct ScoreArgs {
   int64_t B, H, S, M;
   float scale, keep_scale;  // keep_scale = 1/(1-p)
   uint32_t keep_threshold;  // dropout_keep_threshold(p)
-  PhiloxKeys rng_keys;  // of the draw in.rng (its seed)
-  uint64_t rng_offset;
+  PhiloxDraw rng;           // in.rng's
   bool dropout;
 };
 
@@ -75,7 +75,7 @@ ScoreArgs score_args(const AttentionInputs& in) {
           in.d.H,                     in.d.S,                     in.d.M,
           static_cast<float>(in.scale), static_cast<float>(1.0 / (1.0 - in.p)),
           dropout_keep_threshold(static_cast<float>(in.p)),
-          philox_keys(in.rng),        in.rng.offset,              in.p > 0};
+          philox_draw(in.rng),        in.p > 0};
 }
 
 // The 16-byte chunks of a [row][d] tile of T that this thread copies: the
@@ -226,7 +226,7 @@ __device__ __forceinline__ void load_key_flags(const ScoreArgs& sc, int64_t b, i
 // values it needs. keep[r][c]: row r, column 2 sel + c of the group.
 __device__ __forceinline__ void pair_keep(const ScoreArgs& sc, uint64_t group, int sel, int partner, float kept,
                                           float (&keep)[2][2]) {
-  const Philox4 r = philox4x32_10(philox_counter(sc.rng_offset, group), sc.rng_keys);
+  const Philox4 r = philox_block(sc.rng, group);
   const uint32_t send0 = sel ? r.v[0] : r.v[2], send1 = sel ? r.v[1] : r.v[3];
   const uint32_t recv0 = __shfl_xor_sync(0xffffffffu, send0, partner);
   const uint32_t recv1 = __shfl_xor_sync(0xffffffffu, send1, partner);
@@ -471,6 +471,15 @@ struct BackwardLayout : TileLayout<Mma> {
 };
 
 
+// HalfKeyGradients as the kernel writes them (dk.ptr null: float dK and dV).
+struct KeyHalves {
+  HeadRows<__half> dk, dv;  // rows of [B S, 2C]
+  int* exponents;           // [B H groups]
+  int* min_exponent;
+  float* bias;              // [2C]: dbk, dbv
+  int64_t groups;           // key groups of kHalfKeyGroup per (b, h)
+};
+
 struct BackwardArgs {
   HeadRows<const float> q, k, v;
   const float* dout;          // [B,S,H*D]
@@ -484,6 +493,7 @@ struct BackwardArgs {
   HalfOperands half;              // with the Fp16 policy
   ScoreArgs sc;
   int splits;  // CTAs per key tile, each walking every splits-th query tile; 1: dK and dV are stored, not added
+  KeyHalves kv;  // in training with fp16 tiles, optional (then splits is 1)
 };
 
 // The factors between the kernel's scaled products and the true values (all
@@ -548,6 +558,28 @@ __device__ __forceinline__ void add_warp_row_sums(const float* tile, int stride,
   sum += __shfl_xor_sync(0xffffffffu, sum, 1);
   float* dst = out(row);
   if (half == 0 && dst) atomicAdd(dst, sum);
+}
+
+// The warp's 16 keys of f_k dK and f_v dV (rows row(r): mma::store_pairs)
+// as fp16 at their own scale 2^e, e from the larger of the two maxima
+// (max 2^e in [2^13, 2^14)); e recorded, and the smallest e of a group with
+// a nonzero kept; the k and v bias gradients added from the float values.
+template <class RowOf>
+__device__ void store_key_halves(const KeyHalves& kv, const float (&dK)[8][4], const float (&dV)[8][4], float fk,
+                                 float fv, int64_t bh, int64_t h, int64_t C, int64_t group, int lane,
+                                 const RowOf& row) {
+  const float m = warp_reduce(fmaxf(fabsf(fk) * mma::lane_abs_max(dK), fabsf(fv) * mma::lane_abs_max(dV)),
+                              [](float a, float b) { return fmaxf(a, b); });
+  const int e = scale_exponent(m, 14);
+  const float s = ldexpf(1.f, e);
+  mma::write_tile_half(dK, fk * s, row(&kv.dk), lane);
+  mma::write_tile_half(dV, fv * s, row(&kv.dv), lane);
+  if (lane == 0) {
+    kv.exponents[bh * kv.groups + group] = e;
+    if (m != 0.f) atomicMin(kv.min_exponent, e);
+  }
+  mma::add_column_sums(dK, fk, kv.bias + h * kD, lane);
+  mma::add_column_sums(dV, fv, kv.bias + C + h * kD, lane);
 }
 
 // kRead: P and Pd are read (the benchmark interface, with the row and column
@@ -810,14 +842,23 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
   // The keys' gradients: dK (times scale) and dV, stored when this CTA walked
   // every query tile, else this split's share added; the column sums are
   // reduced over the quad first (every lane takes part).
-  const auto key_row = [&](const HeadRows<float>* x) {
+  const auto key_row = [&](const auto* x) {
     return [&, x](int r) {
       const int64_t j = k0 + (r ? jl[1] : jl[0]);  // not jl[r]: indexed by a variable, jl could go to local memory
       return j < sc.S ? x->row(b, h, j) : nullptr;
     };
   };
-  mma::write_tile(dK, factor.dk, key_row(&p.dk), lane, p.splits > 1);
-  mma::write_tile(dV, factor.dv, key_row(&p.dv), lane, p.splits > 1);
+  bool halves = false;
+  if constexpr (kHalf && recompute) {
+    halves = p.kv.dk.ptr != nullptr;
+    const int64_t group = k0 / kHalfKeyGroup + warp;  // the warp's keys, 16 warp + (0 .. 15)
+    if (halves && group * kHalfKeyGroup < sc.S)
+      store_key_halves(p.kv, dK, dV, factor.dk, factor.dv, bh, h, C, group, lane, key_row);
+  }
+  if (!halves) {
+    mma::write_tile(dK, factor.dk, key_row(&p.dk), lane, p.splits > 1);
+    mma::write_tile(dV, factor.dv, key_row(&p.dv), lane, p.splits > 1);
+  }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     colsum[r] += __shfl_xor_sync(0xffffffffu, colsum[r], 1);
@@ -871,6 +912,102 @@ __global__ void finish_edit_bias_sums_kernel(const double* dw_sums, const double
 
 // Raises kKernel's dynamic shared memory limit, once per kernel (not again
 // inside a CUDA graph capture of a later call).
+// ---- qkv's gradient as one fp16 matrix from the float dq and the fp16 dk,
+// dv (HalfKeyGradients), for the fp16 GEMMs of the qkv projection's backward.
+
+static_assert(kHalfKeyGroup == kBwdKeys / (kBwdThreads / 32), "a key group is one warp's keys");
+constexpr int kNoExponent = 63;  // the largest scale_exponent: a group of zeros sets no bound
+
+// scratch: [0] the smallest exponent (int), [1] dq's largest finite |x|.
+__global__ void reset_key_halves_kernel(float* scratch) {
+  reinterpret_cast<int*>(scratch)[0] = kNoExponent;
+  scratch[1] = 0.f;
+}
+
+// scratch[1] = max(scratch[1], the largest finite |x| of x's quads).
+__global__ void abs_max_kernel(const float4* x, int64_t quads, float* scratch) {
+  float m = 0.f;
+  for (int64_t q = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; q < quads; q += int64_t(gridDim.x) * blockDim.x) {
+    const float4 v = x[q];
+    m = fmaxf(fmaxf(m, fmaxf(finite_abs(v.x), finite_abs(v.y))), fmaxf(finite_abs(v.z), finite_abs(v.w)));
+  }
+  m = block_max(m);
+  if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned*>(scratch + 1), __float_as_uint(m));
+}
+
+// The exponent every part of qkv's gradient is stored at: the smallest of
+// the key groups' and dq's own.
+__device__ int common_exponent(const float* scratch) {
+  const int keys = reinterpret_cast<const int*>(scratch)[0];
+  return scratch[1] == 0.f ? keys : min(keys, scale_exponent(scratch[1], 14));
+}
+
+struct HalfJoin {
+  const float* dq;       // [rows, C]
+  const __half* kv;      // [rows, 2C]
+  const int* exponents;  // [B H groups]
+  float* scratch;
+  __half* out;           // [rows, 3C]
+  int64_t rows, S, H, groups;
+};
+
+// out = 2^e [dq | dk | dv] with e = common_exponent: dq converted, each key
+// group's fp16 values (2^e_g dk) multiplied by 2^(e - e_g) <= 1 (exact
+// unless they fall into fp16's subnormals). Eight columns (16 bytes) per
+// step; e goes back to scratch[0] (every thread computes the same e).
+__global__ void join_half_qkv_kernel(const HalfJoin j) {
+  const int64_t C = j.H * kD, chunks = 3 * C / 8;
+  const int e = common_exponent(j.scratch);
+  for (int64_t q = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; q < j.rows * chunks;
+       q += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = q / chunks, c = 8 * (q - row * chunks);
+    float v[8];
+    float f;
+    if (c < C) {
+      const float4* from = reinterpret_cast<const float4*>(j.dq + row * C + c);
+      const float4 lo = from[0], hi = from[1];
+      v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w, v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
+      f = ldexpf(1.f, e);
+    } else {
+      const int64_t kc = c - C, h = (kc % C) / kD, b = row / j.S, s = row - b * j.S;
+      const uint4 raw = *reinterpret_cast<const uint4*>(j.kv + row * 2 * C + kc);
+      const __half2* pairs = reinterpret_cast<const __half2*>(&raw);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float2 x = __half22float2(pairs[k]);
+        v[2 * k] = x.x, v[2 * k + 1] = x.y;
+      }
+      f = ldexpf(1.f, e - j.exponents[(b * j.H + h) * j.groups + s / kHalfKeyGroup]);
+    }
+    uint4 out;
+    __half2* pairs = reinterpret_cast<__half2*>(&out);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) pairs[k] = __floats2half2_rn(f * v[2 * k], f * v[2 * k + 1]);
+    *reinterpret_cast<uint4*>(j.out + row * 3 * C + c) = out;
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) reinterpret_cast<int*>(j.scratch)[0] = e;  // min(e, dq's) is e again
+}
+
+// The scalars of the group {dqkv (at 2^e), x, w (xw's matrices 0 and 1)}.
+__global__ void half_qkv_scalars_kernel(const float* scratch, const float* xw, float* out) {
+  constexpr int kCount = 3;
+  const int e = reinterpret_cast<const int*>(scratch)[0];
+  const auto inverse_scale = [&](int t) { return t == 0 ? ldexpf(1.f, -e) : sqrtf(xw[(kMaxFp16Group + 1) * (t - 1)]); };
+  const int t = threadIdx.x;
+  if (t < kCount * kCount) out[(t / kCount) * kMaxFp16Group + t % kCount] = inverse_scale(t / kCount) * inverse_scale(t % kCount);
+  if (t == 0) out[kFp16Beta] = 0.f;
+  if (t < kCount) out[kFp16BoundScales + t] = t == 0 ? ldexpf(1.f, e) : xw[kFp16BoundScales + t - 1];
+}
+
+KeyHalves key_halves_args(const HalfKeyGradients& kv, const AttentionDims& d) {
+  const int64_t C = d.H * kD;
+  __half* values = reinterpret_cast<__half*>(kv.values.data<float>());
+  const auto rows = [&](int t) { return HeadRows<__half>{values + t * C, d.S * 2 * C, kD, 2 * C}; };
+  return {rows(0), rows(1), reinterpret_cast<int*>(kv.exponents.data<float>()),
+          reinterpret_cast<int*>(kv.scratch.data<float>()), kv.bias.data<float>(),
+          (d.S + kHalfKeyGroup - 1) / kHalfKeyGroup};
+}
+
 template <auto kKernel>
 void allow_shared_memory(size_t bytes) {
   static std::once_flag once;
@@ -991,7 +1128,11 @@ template <class Mma, bool kRead>
 void launch_backward(const AttentionInputs& in, const AttentionGradTensors& g) {
   using Layout = BackwardLayout<Mma, kRead>;
   const AttentionDims d = in.d;
-  const auto [key_tiles, splits] = backward_grid<Mma>(d);
+  const bool halves = g.key_halves.values.defined();
+  TG_CHECK(!halves || (Layout::kHalf && !kRead), "fused_attention_backward: fp16 key gradients need fp16 tiles and "
+           "a recomputed P");
+  const auto [key_tiles, grid_splits] = backward_grid<Mma>(d);
+  const int splits = halves ? 1 : grid_splits;  // fp16 dK and dV are stored by their tile's one CTA
   TG_CHECK(g.keys_zeroed || splits == 1, "fused_attention_backward: dk and dv are not zeroed, but ", splits,
            " CTAs per key tile would add to them (writes_key_gradients said they are written)");
   // The edit-bias scalar sums (dw_in, dw_x wanted): the kernel's fp64 sums, or with kRowSums its row sums.
@@ -1006,7 +1147,8 @@ void launch_backward(const AttentionInputs& in, const AttentionGradTensors& g) {
                     head_rows<float>(g.dq), head_rows<float>(g.dk), head_rows<float>(g.dv),
                     data_or_null<float>(g.dE), data_or_null<double>(dw_sums),
                     data_or_null<float>(g.colsum_ds), data_or_null<float>(g.rowsum_pd),
-                    data_or_null<double>(rows), HalfOperands{}, score_args(in), splits};
+                    data_or_null<double>(rows), HalfOperands{}, score_args(in), splits,
+                    halves ? key_halves_args(g.key_halves, d) : KeyHalves{}};
   if constexpr (Layout::kHalf) args.half = half_operands(in, g, kRead);
   allow_shared_memory<attention_backward_kernel<Mma, kRead>>(Layout::kBytes);
   const dim3 grid(static_cast<unsigned>(key_tiles * splits), static_cast<unsigned>(d.B * d.H));
@@ -1071,6 +1213,46 @@ void FusedAttentionKernels<Device::CUDA>::backward(const AttentionInputs& in, co
   with_backward_policy(precision, g.probs.defined(), [&](auto mma, auto read) {
     launch_backward<decltype(mma), decltype(read)::value>(in, g);
   });
+}
+
+template <>
+void FusedAttentionKernels<Device::CUDA>::reset_key_halves(const HalfKeyGradients& kv) {
+  cuda::reset_key_halves_kernel<<<1, 1, 0, cuda::stream()>>>(kv.scratch.data<float>());
+  cuda::check_launch("fused_attention_backward (fp16 keys)");
+}
+
+template <>
+void FusedAttentionKernels<Device::CUDA>::join_half_qkv(const Tensor& dq, const HalfKeyGradients& kv,
+                                                        const AttentionDims& d, const Tensor& dqkv_values) {
+  using namespace cuda;
+  const int64_t rows = d.B * d.S, C = d.H * kD;
+  TG_CHECK(dq.is_contiguous() && dq.numel() == rows * C && aligned16(dq.raw_data()) &&
+               dqkv_values.numel() == rows * 3 * C / 2 && kv.values.numel() == rows * C,
+           "join_half_qkv: dq ", dq.shape(), ", dk and dv ", kv.values.shape(), " and dqkv ", dqkv_values.shape(),
+           " do not hold B S = ", rows, " rows of C = ", C, " columns each (dq contiguous and 16-byte aligned)");
+  if (rows == 0) return;
+  float* scratch = kv.scratch.data<float>();
+  const int64_t quads = rows * C / 4;
+  abs_max_kernel<<<grid_for(quads), kThreads, 0, stream()>>>(reinterpret_cast<const float4*>(dq.data<float>()),
+                                                                quads, scratch);
+  check_launch("join_half_qkv (dq's max)");
+  const HalfJoin join{dq.data<float>(), reinterpret_cast<const __half*>(kv.values.data<float>()),
+                      reinterpret_cast<const int*>(kv.exponents.data<float>()), scratch,
+                      reinterpret_cast<__half*>(dqkv_values.data<float>()), rows, d.S, d.H,
+                      (d.S + kHalfKeyGroup - 1) / kHalfKeyGroup};
+  join_half_qkv_kernel<<<grid_for(rows * 3 * C / 8), kThreads, 0, stream()>>>(join);
+  check_launch("join_half_qkv");
+}
+
+template <>
+void FusedAttentionKernels<Device::CUDA>::half_qkv_scalars(const HalfKeyGradients& kv, const Fp16Group& xw,
+                                                           const Tensor& scalars) {
+  TG_CHECK(xw.matrices.size() == 2 && scalars.numel() == kFp16Scalars, "half_qkv_scalars: takes the group of x and "
+           "the weight (2 matrices, got ", xw.matrices.size(), ") and ", kFp16Scalars, " scalars (got ",
+           scalars.numel(), ")");
+  cuda::half_qkv_scalars_kernel<<<1, 32, 0, cuda::stream()>>>(kv.scratch.data<float>(), xw.scalars.data<float>(),
+                                                              scalars.data<float>());
+  cuda::check_launch("half_qkv_scalars");
 }
 
 template <>

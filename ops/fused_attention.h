@@ -44,6 +44,19 @@ Tensor fused_attention(const Tensor& qkv, const Tensor& edit_mask, const Tensor&
                        int64_t heads, const DropoutOptions& dropout = {},
                        MatmulPrecision precision = MatmulPrecision::Default);
 
+// The same core with the qkv projection in the node: qkv = x W^T + b (x
+// [B,S,C], qkv_weight [3 H D, C], qkv_bias [3 H D] or undefined), then
+// fused_attention. Gradients: those of linear and fused_attention chained.
+// One node, so that on CUDA at "high" the backward never holds qkv's float
+// gradient [B,S,3C]: its kernel writes dk and dv as fp16 (each group of 16
+// keys at its own power-of-two scale, then joined with dq into one fp16
+// matrix at one scale) for the projection's fp16 GEMMs. Elsewhere (CPU,
+// "highest") the float gradient and linear's GEMMs, as the two ops would.
+Tensor fused_qkv_attention(const Tensor& x, const Tensor& qkv_weight, const Tensor& qkv_bias, const Tensor& edit_mask,
+                           const Tensor& attn_mask, const Tensor& edit_region_bias, const Tensor& within_edit_bias,
+                           const Tensor& cross_edit_bias, int64_t heads, const DropoutOptions& dropout = {},
+                           MatmulPrecision precision = MatmulPrecision::Default);
+
 namespace fused {
 
 // The benchmark interface of shared/spec/region-attention.md: the whole

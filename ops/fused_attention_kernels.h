@@ -50,6 +50,19 @@ struct AttentionInputs {
 // added to, when B = 1), the per-key column sums of dS and the per-query row
 // sums of Pd [B,H,S] (for the careful bias gradient of the benchmark). dw_in
 // and dw_x [H], when defined, are written (zeros for an empty problem).
+// In training at "high" on CUDA (fused_qkv_attention): the kernel writes dk
+// and dv as fp16, each group of 16 keys of one (b, h) scaled by its own
+// power of two, and adds the k and v bias gradients (the column sums of the
+// float dk and dv); join_half_qkv then makes qkv's whole gradient one fp16
+// matrix at one scale. values undefined: dk and dv are float (dk, dv).
+constexpr int64_t kHalfKeyGroup = 16;
+struct HalfKeyGradients {
+  Tensor values;     // [B S, 2C] fp16 in float32 storage: dk in columns h D + d, dv in C + h D + d
+  Tensor exponents;  // [B, H, ceil(S / kHalfKeyGroup)] int32 in float32 storage: a group's values are 2^e dk
+  Tensor scratch;    // [2]: the smallest e (int32), dq's largest finite |x| (float)
+  Tensor bias;       // [2C]: dbk, dbv (added to)
+};
+
 struct AttentionGradTensors {
   Tensor dout;                  // dL/do [B,S,C], contiguous (undefined where the kernel reads dout_half)
   Fp16Group dout_half;          // on CUDA at "high": dout's fp16 copy (to_fp16 of its [B S, C] rows), which the kernel reads
@@ -58,6 +71,7 @@ struct AttentionGradTensors {
   Tensor dq, dk, dv, dE, dw_in, dw_x;
   bool keys_zeroed = true;      // false: dk and dv left unzeroed, as writes_key_gradients allowed
   Tensor colsum_ds, rowsum_pd;  // optional
+  HalfKeyGradients key_halves;  // optional (CUDA, "high", recomputed P): dk and dv as fp16, not dk and dv
 };
 
 // The score of query i against key j of head h before masking.
@@ -78,6 +92,17 @@ struct FusedAttentionKernels {
   // when one CTA per key tile walks every query tile), so that the caller
   // zeroes only dq. read: probs given (the benchmark interface).
   static bool writes_key_gradients(const AttentionDims& d, MatmulPrecision precision, bool read);
+  // CUDA only: sets key_halves' scratch for a backward that writes them.
+  static void reset_key_halves(const HalfKeyGradients& kv);
+  // CUDA only, after that backward: qkv's gradient [B S, 3C] as fp16 into
+  // dqkv_values at one scale 2^e (dq [B,S,C] float, dk and dv from kv), e
+  // the smallest of kv's exponents and dq's, so that nothing overflows; e
+  // goes to kv.scratch for half_qkv_scalars.
+  static void join_half_qkv(const Tensor& dq, const HalfKeyGradients& kv, const AttentionDims& d,
+                            const Tensor& dqkv_values);
+  // CUDA only: the scalars of the group {dqkv, x, w} (Fp16Group::scalars)
+  // from join_half_qkv's e and the group xw = {x, w} (to_fp16).
+  static void half_qkv_scalars(const HalfKeyGradients& kv, const Fp16Group& xw, const Tensor& scalars);
 };
 
 // The benchmark interface's bias gradients, all column sums over the B*S

@@ -210,6 +210,47 @@ void gemm_fp16_into(const Fp16Group& group, int a, bool transpose_a, int b, bool
   TG_DISPATCH_DEVICE(c, GemmKernels, gemm_fp16, group, a, transpose_a, b, transpose_b, c);
 }
 
+Tensor linear_forward(const char* op, const Tensor& x2, const Tensor& w, const Tensor& b, MatmulPrecision precision,
+                      bool half) {
+  Tensor y2 = empty({x2.size(0), w.size(0)}, {x2.dtype(), x2.device()});
+  if (half) {  // y = x W^T, then y += b: cuBLAS's fp16 GEMMs take twice as long with beta = 1 (bench/NOTES.md)
+    gemm_fp16_into(to_fp16({x2, w}), 0, false, 1, true, y2);
+    if (b.defined()) add_into(y2, b);
+  } else {
+    if (b.defined()) copy_into(y2, broadcast_view(op, b, y2.shape()));  // y = b, then y += x W^T
+    gemm_into(op, x2, transposed_view(w), y2, b.defined() ? 1.0 : 0.0, precision);
+  }
+  return y2;
+}
+
+Grads linear_backward(Tensor g2, const Tensor& x2, const Tensor& w, const GradMask& needs, MatmulPrecision precision,
+                      bool half) {
+  if (!half)
+    return Grads{grad_if(needs[0], [&] { return matmul(g2, w, precision); }),
+                 grad_if(needs[1], [&] { return matmul(g2.transpose(0, 1), x2, precision); }),
+                 grad_if(needs[2], [&] { return sum(g2, {0}); })};  // column sums in g's own dtype, never TF32
+  // db from the float g; then g, W (for dx) and x (for dW) as needed,
+  // converted together, and the float g dropped before the products' outputs exist.
+  Tensor db = grad_if(needs[2], [&] { return sum(g2, {0}); });
+  std::vector<Tensor> matrices{g2};
+  const int iw = needs[0] ? int(matrices.size()) : -1;
+  if (needs[0]) matrices.push_back(w);
+  const int ix = needs[1] ? int(matrices.size()) : -1;
+  if (needs[1]) matrices.push_back(x2);
+  const Fp16Group group = needs[0] || needs[1] ? to_fp16(matrices) : Fp16Group{};
+  const TensorOptions opts{g2.dtype(), g2.device()};
+  const int64_t rows = g2.size(0), out_features = g2.size(1);
+  matrices.clear();
+  g2 = Tensor();
+  const auto product = [&](int a, bool transpose_a, int b, Shape shape) {
+    Tensor c = empty(shape, opts);
+    gemm_fp16_into(group, a, transpose_a, b, false, c);
+    return c;
+  };
+  return Grads{grad_if(needs[0], [&] { return product(0, false, iw, {rows, w.size(1)}); }),
+               grad_if(needs[1], [&] { return product(0, true, ix, {out_features, x2.size(1)}); }), db};
+}
+
 Tensor matmul(const Tensor& a, const Tensor& b, MatmulPrecision precision) {
   check_defined("matmul", "a", a);
   check_defined("matmul", "b", b);
@@ -226,9 +267,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, MatmulPrecision precision) {
 
 namespace {
 
-// x W^T + b, recorded as `op`: linear's GEMMs at `precision`, or with half
-// (CUDA float32) on fp16 tensor cores, each product's operands converted
-// together by to_fp16. b's gradient is a column sum in g's own dtype either way.
+// x W^T + b, recorded as `op` (linear_forward and linear_backward).
 Tensor linear_impl(OpId op, const Tensor& x, const Tensor& w_in, const Tensor& b, MatmulPrecision precision,
                    bool half) {
   const char* name = op_name(op);
@@ -249,44 +288,16 @@ Tensor linear_impl(OpId op, const Tensor& x, const Tensor& w_in, const Tensor& b
   const Tensor x2 = rows_view(materialize(x), in), w = half ? materialize(w_in) : w_in;
   Shape out_shape = x.shape();
   out_shape.back() = out_features;
-  Tensor y2 = empty({x2.shape()[0], out_features}, {x.dtype(), x.device()});
-  if (half) {  // y = x W^T, then y += b: cuBLAS's fp16 GEMMs take twice as long with beta = 1 (bench/NOTES.md)
-    gemm_fp16_into(to_fp16({x2, w}), 0, false, 1, true, y2);
-    if (b.defined()) add_into(y2, b);
-  } else {
-    if (b.defined()) copy_into(y2, broadcast_view(name, b, y2.shape()));  // y = b, then y += x W^T
-    gemm_into(name, x2, transposed_view(w), y2, b.defined() ? 1.0 : 0.0, precision);
-  }
-  Tensor y = y2.view(out_shape);
+  Tensor y = linear_forward(name, x2, w, b, precision, half).view(out_shape);
   const GradMask m = autograd::grad_mask({x, w_in, b});
   return autograd::record(op, y, {x, w_in, b}, {autograd::keep_if(m[1], x2), autograd::keep_if(m[0], w)},
                           [precision, half, x_shape = x.shape(), out_features](Tensor g, const auto& s,
                                                                                const GradMask& needs) {
     Tensor g2 = rows_view(materialize(g), out_features);
-    if (!half)
-      return Grads{grad_if(needs[0], [&] { return matmul(g2, s[1], precision).view(x_shape); }),
-                   grad_if(needs[1], [&] { return matmul(g2.transpose(0, 1), s[0], precision); }),
-                   grad_if(needs[2], [&] { return sum(g2, {0}); })};  // column sums in g's own dtype, never TF32
-    // db from the float g; then g, W (for dx) and x (for dW) as needed,
-    // converted together, and the float g dropped before the products' outputs exist.
-    Tensor db = grad_if(needs[2], [&] { return sum(g2, {0}); });
-    std::vector<Tensor> matrices{g2};
-    const int iw = needs[0] ? int(matrices.size()) : -1;
-    if (needs[0]) matrices.push_back(s[1]);
-    const int ix = needs[1] ? int(matrices.size()) : -1;
-    if (needs[1]) matrices.push_back(s[0]);
-    const Fp16Group group = needs[0] || needs[1] ? to_fp16(matrices) : Fp16Group{};
-    const TensorOptions opts{g.dtype(), g.device()};
-    const int64_t rows = g2.size(0);
-    matrices.clear();
-    g = g2 = Tensor();
-    const auto product = [&](int a, bool transpose_a, int b, Shape shape) {
-      Tensor c = empty(shape, opts);
-      gemm_fp16_into(group, a, transpose_a, b, false, c);
-      return c;
-    };
-    return Grads{grad_if(needs[0], [&] { return product(0, false, iw, {rows, s[1].size(1)}).view(x_shape); }),
-                 grad_if(needs[1], [&] { return product(0, true, ix, {out_features, s[0].size(1)}); }), db};
+    g = Tensor();  // g2 is the only handle: linear_backward may drop it early
+    Grads grads = linear_backward(std::move(g2), s[0], s[1], needs, precision, half);
+    if (grads[0].defined()) grads[0] = grads[0].view(x_shape);
+    return grads;
   });
 }
 

@@ -7,6 +7,7 @@
 #include "core/cuda_loops.cuh"
 #include "core/cuda_reduce.cuh"
 #include "core/indexing.h"
+#include "core/fp16_scale.cuh"
 #include "ops/matmul_kernels.h"
 
 namespace tg::cuda {
@@ -81,19 +82,6 @@ struct Fp16Batch {
   float* scalars;               // Fp16Group::scalars
   int count;
 };
-
-// |v| for a finite v, else 0: an Inf or NaN converts to fp16 Inf or NaN at
-// any scale, so it must not set the scale of the finite elements.
-__device__ __forceinline__ float finite_abs(float v) { return isfinite(v) ? fabsf(v) : 0.f; }
-
-// 2^e with amax 2^e in [2^(top - 1), 2^top) (1 for amax = 0), e clamped to
-// [-63, 63] so that a pair's alpha 2^-(e_i + e_j) stays a normal float.
-__device__ __forceinline__ float scale_below(float amax, int top) {
-  if (amax == 0.f) return 1.f;
-  int exponent;
-  frexpf(amax, &exponent);  // amax = f 2^exponent, f in [0.5, 1)
-  return ldexpf(1.f, max(-63, min(top - exponent, 63)));
-}
 
 // The scale kept for a matrix whose largest finite |x| is amax and whose
 // first conversion used `first`: `first` when it puts amax in [2^8, 2^14)

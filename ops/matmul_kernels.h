@@ -85,6 +85,17 @@ void convert_to_fp16(const std::vector<Tensor>& xs, const Fp16Group& group);
 // x^T where transposed; fp32 accumulation and output, c [n, m] contiguous.
 void gemm_fp16_into(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b, const Tensor& c);
 
+// linear's two halves, untracked, for ops that hold a projection too: y2 =
+// x2 W^T + b (x2 [rows, in], w [out, in], b [out] or undefined), with half
+// (CUDA float32) on fp16 tensor cores, else at `precision`; errors name `op`.
+Tensor linear_forward(const char* op, const Tensor& x2, const Tensor& w, const Tensor& b, MatmulPrecision precision,
+                      bool half);
+// From g2 = dL/dy2 [rows, out]: {dx2, dW, db} where needs says (db a column
+// sum in g2's dtype). With half, g2's float values are freed once converted
+// when the caller hands over its only handle.
+std::vector<Tensor> linear_backward(Tensor g2, const Tensor& x2, const Tensor& w, const std::vector<bool>& needs,
+                                    MatmulPrecision precision, bool half);
+
 template <Device D>
 struct GemmKernels {
   static void gemm(const GemmProblem& p);  // k >= 1

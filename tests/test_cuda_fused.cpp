@@ -312,6 +312,32 @@ TEST_CASE("fused/training path saves O(B H S) beyond the activations" * doctest:
   }
 }
 
+// The point of fused_qkv_attention: at "high" its backward never holds qkv's
+// float gradient [B,S,3C] (12 bytes per element of [B,S,C]). Its peak is at
+// the kernel: dO's fp16 copy (2 bytes), dq (4) and dk, dv as fp16 (4), with
+// dE; the fp16 dqkv comes after q, k, v's fp16 copy and dO's are freed.
+TEST_CASE("fused/qkv projection in the node: at high its backward holds no float dqkv" * doctest::skip(kNoGpu || !tg::cuda::caching_enabled())) {
+  tg::manual_seed(105);
+  const int64_t B = 16, S = 512, C = 128, H = 2;
+  const PrecisionScope scope("high");
+  const auto param = [](const tg::Shape& shape, double scale) {
+    return tg::mul(tg::randn(shape), scale).cuda().requires_grad_();
+  };
+  const tg::Tensor x = param({B, S, C}, 1.0), w = param({3 * C, C}, 0.1), b = param({3 * C}, 0.1);
+  const tg::Tensor E = param({H, S, S}, 0.1), w_in = param({H, 1, 1}, 0.1), w_x = param({H, 1, 1}, 0.1);
+  const tg::Tensor e = tg::dropout_mask({B, S}, 0.5, {3, 1}).cuda(), a = tg::dropout_mask({B, S}, 0.1, {3, 2}).cuda();
+  const tg::Tensor o = tg::fused_qkv_attention(x, w, b, e, a, E, w_in, w_x, H, {0.1});
+  const tg::Tensor dout = tg::randn({B, S, C}).cuda();
+  tg::cuda::synchronize();
+  const double before = double(tg::cuda::memory_stats().allocated);
+  tg::cuda::reset_peak_memory_stats();
+  o.backward(dout);
+  const double extra = double(tg::cuda::memory_stats().peak_allocated) - before;
+  const double elements = double(B * S * C), dE = 4.0 * H * S * S;
+  CHECK(extra <= 10 * elements + dE + (1 << 20));
+  for (const tg::Tensor& t : {x, w, b, E, w_in, w_x}) CHECK(max_abs_diff(t.grad(), tg::zeros_like(t.grad())) > 0);
+}
+
 // The kernels' grids hold the (b, h) pairs in blockIdx.y (at most 65535): more
 // is a clear error before any output is written.
 TEST_CASE("fused/more (b, h) pairs than the CUDA grid holds is an error, outputs untouched" * doctest::skip(kNoGpu)) {

@@ -56,7 +56,11 @@ TEST_CASE("errors/edit_bias") {
 }
 
 TEST_CASE("errors/other ops") {
-  CHECK(error_of([] { tg::dropout(tg::zeros({2}), {1.0}); }) == "dropout: p must be in [0, 1), got 1");
+  CHECK(error_of([] { tg::dropout(tg::zeros({2}), {1.0}); }) == "dropout: p must be in [0, 1) (as a float), got 1");
+  // below 1 as a double, 1 as a float: its keep threshold would wrap to "keep all"
+  CHECK(error_of([] { tg::dropout(tg::zeros({2}), {0.99999999}); }) ==
+        "dropout: p must be in [0, 1) (as a float), got 0.99999999");
+  CHECK(error_of([] { tg::dropout_mask({2}, -0.5, {1, 1}); }) == "dropout_mask: p must be in [0, 1) (as a float), got -0.5");
   CHECK(error_of([] { tg::mse_loss(tg::zeros({2}), tg::zeros({3})); }) == "mse_loss: input [2] and target [3] differ in shape");
   CHECK(error_of([] { tg::layer_norm(tg::zeros({2, 3}), tg::zeros({2})); }) == "layer_norm: weight must be [3] for x [2,3], got [2]");
   CHECK(error_of([] { tg::sum(tg::zeros({2, 3}), {2}); }) == "sum: dim 2 is out of range for a tensor of rank 2");

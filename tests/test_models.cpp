@@ -393,9 +393,10 @@ TEST_CASE("module/RegionAwareSelfAttention runs the fused core when impl = Fused
   const tg::Tensor decomposed = attn.forward(x, e, a);
   attn.impl = tg::AttentionImpl::Fused;
   const tg::Tensor fused = attn.forward(x, e, a);
-  // out.forward's input comes from the one fused node instead of the decomposed graph's reshape
-  CHECK(tg::autograd::node_name(*fused.grad_fn()->edges[0].node) == "fused_attention");
-  CHECK(tg::autograd::node_name(*decomposed.grad_fn()->edges[0].node) != "fused_attention");
+  // out.forward's input comes from the one fused node (the qkv projection
+  // included) instead of the decomposed graph's reshape
+  CHECK(tg::autograd::node_name(*fused.grad_fn()->edges[0].node) == "fused_qkv_attention");
+  CHECK(tg::autograd::node_name(*decomposed.grad_fn()->edges[0].node) != "fused_qkv_attention");
   CHECK(max_abs_diff(fused, decomposed) < 1e-12);
 }
 

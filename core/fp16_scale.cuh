@@ -1,0 +1,25 @@
+// Power-of-two scales for fp16 copies of float data: the fp16 conversion
+// (ops/matmul.cu) and the fused attention backward's fp16 key gradients
+// (ops/fused_attention.cu) pick them alike.
+#pragma once
+#include <cuda_runtime.h>
+
+namespace tg::cuda {
+
+// |v| for a finite v, else 0: an Inf or NaN converts to fp16 Inf or NaN at
+// any scale, so it must not set the scale of the finite elements.
+__device__ __forceinline__ float finite_abs(float v) { return isfinite(v) ? fabsf(v) : 0.f; }
+
+// e with amax 2^e in [2^(top - 1), 2^top) (0 for amax = 0), clamped to
+// [-63, 63] so that a pair's alpha 2^-(e_i + e_j) stays a normal float.
+__device__ __forceinline__ int scale_exponent(float amax, int top) {
+  if (amax == 0.f) return 0;
+  int exponent;
+  frexpf(amax, &exponent);  // amax = f 2^exponent, f in [0.5, 1)
+  return max(-63, min(top - exponent, 63));
+}
+
+// 2^scale_exponent(amax, top).
+__device__ __forceinline__ float scale_below(float amax, int top) { return ldexpf(1.f, scale_exponent(amax, top)); }
+
+}  // namespace tg::cuda
