@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "autograd/grad_mode.h"
+#include "ops/dropout.h"
 #include "ops/elementwise.h"
 #include "ops/layer_norm.h"
 #include "ops/matmul.h"
@@ -211,7 +212,7 @@ RegionAwareSelfAttention::RegionAwareSelfAttention(const RegionAttentionConfig& 
       edit_region_bias(register_parameter("edit_region_bias", small_normal({heads, c.max_positions, c.max_positions}, opts))),
       within_edit_bias(register_parameter("within_edit_bias", small_normal({heads, 1, 1}, opts))),
       cross_edit_bias(register_parameter("cross_edit_bias", small_normal({heads, 1, 1}, opts))) {
-  TG_CHECK(p >= 0 && p < 1, "RegionAwareSelfAttention: dropout must be in [0, 1), got ", p);
+  check_dropout_p("RegionAwareSelfAttention", "dropout", p);
 }
 
 RegionAttentionParams RegionAwareSelfAttention::params() const {

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "autograd/engine.h"
@@ -254,33 +255,43 @@ void zero_qkv_gradient(const Tensor& dqkv, const AttentionGradTensors& g) {
   fill_into(rows_view(dqkv, C3).narrow(1, 0, C3 / 3), 0.0);
 }
 
-// Errors name `op`; for fused_qkv_attention qkv is its projection x W^T + b.
-AttentionInputs check_inputs(const char* op, const Tensor& qkv, const Tensor& e, const Tensor& a, const Tensor& E,
-                             const Tensor& w_in, const Tensor& w_x, int64_t H) {
-  for (const auto& [t, name] : {std::pair{&qkv, "qkv"}, {&e, "edit_mask"}, {&a, "attn_mask"}, {&E, "edit_region_bias"},
+// The core's arguments, checked before anything runs: qkv of `qkv_shape`
+// [B,S,3C] (named `qkv` in errors: fused_attention's argument, or
+// fused_qkv_attention's projection), of `like`'s dtype and device. Errors name op.
+void check_core_args(const char* op, const std::string& qkv, const Shape& qkv_shape, const Tensor& like,
+                     const Tensor& e, const Tensor& a, const Tensor& E, const Tensor& w_in, const Tensor& w_x,
+                     int64_t H) {
+  for (const auto& [t, name] : {std::pair{&e, "edit_mask"}, {&a, "attn_mask"}, {&E, "edit_region_bias"},
                                 {&w_in, "within_edit_bias"}, {&w_x, "cross_edit_bias"}})
     check_defined(op, name, *t);
-  TG_CHECK(qkv.dim() == 3, op, ": qkv must be [B,S,3C], got ", qkv.shape());
-  const int64_t B = qkv.size(0), S = qkv.size(1);
-  TG_CHECK(H > 0 && qkv.size(2) % (3 * H) == 0, op, ": qkv ", qkv.shape(), " does not split into 3 x ", H, " heads");
-  const int64_t D = qkv.size(2) / 3 / H;
+  TG_CHECK(qkv_shape.size() == 3, op, ": ", qkv, " must be [B,S,3C], got ", qkv_shape);
+  const int64_t B = qkv_shape[0], S = qkv_shape[1];
+  TG_CHECK(H > 0 && qkv_shape[2] % (3 * H) == 0, op, ": ", qkv, " ", qkv_shape, " does not split into 3 x ", H,
+           " heads");
+  const int64_t D = qkv_shape[2] / 3 / H;
   TG_CHECK(E.dim() == 3 && E.size(0) == H && E.size(1) == E.size(2), op, ": edit_region_bias must be [", H,
            ",M,M], got ", E.shape());
-  const int64_t M = E.size(1);
-  TG_CHECK(S <= M, op, ": sequence length ", S, " of qkv ", qkv.shape(), " exceeds the ", M,
+  TG_CHECK(S <= E.size(1), op, ": sequence length ", S, " of ", qkv, " ", qkv_shape, " exceeds the ", E.size(1),
            " positions of edit_region_bias ", E.shape());
   TG_CHECK(w_in.shape() == Shape({H, 1, 1}) && w_x.shape() == Shape({H, 1, 1}), op,
            ": within_edit_bias and cross_edit_bias must be [", H, ",1,1], got ", w_in.shape(), " and ", w_x.shape());
   TG_CHECK(e.shape() == Shape({B, S}) && a.shape() == Shape({B, S}), op, ": edit_mask and attn_mask must be [", B, ",",
            S, "], got ", e.shape(), " and ", a.shape());
-  for (const Tensor* t : {&e, &a, &E, &w_in, &w_x}) check_same_dtype_device(op, qkv, *t);
+  for (const Tensor* t : {&e, &a, &E, &w_in, &w_x}) check_same_dtype_device(op, like, *t);
   check_binary_mask(op, "edit_mask", e);
   check_binary_mask(op, "attn_mask", a);
-  if (qkv.is_cuda()) {
-    TG_CHECK(qkv.dtype() == DType::Float32, op, ": the CUDA kernels are float32; qkv ", qkv.shape(), " is ", qkv.dtype());
-    TG_CHECK(D == kCudaHeadDim, op, ": the CUDA kernels cover head dim ", kCudaHeadDim, "; qkv ", qkv.shape(), " with ",
-             H, " heads has head dim ", D, " (use AttentionImpl::Decomposed)");
+  if (like.is_cuda()) {
+    TG_CHECK(like.dtype() == DType::Float32, op, ": the CUDA kernels are float32; ", qkv, " ", qkv_shape, " is ",
+             like.dtype());
+    TG_CHECK(D == kCudaHeadDim, op, ": the CUDA kernels cover head dim ", kCudaHeadDim, "; ", qkv, " ", qkv_shape,
+             " with ", H, " heads has head dim ", D, " (use AttentionImpl::Decomposed)");
   }
+}
+
+// The kernels' view of checked arguments.
+AttentionInputs core_inputs_of(const Tensor& qkv, const Tensor& e, const Tensor& a, const Tensor& E,
+                               const Tensor& w_in, const Tensor& w_x, int64_t H) {
+  const int64_t B = qkv.size(0), S = qkv.size(1), D = qkv.size(2) / 3 / H;
   AttentionInputs in;
   const Tensor q = materialize_aligned(qkv);  // the CUDA kernels read 16-byte vectors of q, k, v
   in.qkv = q;
@@ -292,16 +303,19 @@ AttentionInputs check_inputs(const char* op, const Tensor& qkv, const Tensor& e,
   in.edit_region_bias = materialize(E);
   in.within = materialize(w_in).view({H});
   in.cross = materialize(w_x).view({H});
-  in.d = {B, H, S, D, M};
+  in.d = {B, H, S, D, E.size(1)};
   in.scale = 1.0 / std::sqrt(static_cast<double>(D));
   return in;
 }
 
-// p and the Philox draw.
-void set_dropout(const char* op, const DropoutOptions& dropout, AttentionInputs& in) {
+void check_dropout(const char* op, const DropoutOptions& dropout) {
   check_dropout_p(op, "dropout p", dropout.p);
   TG_CHECK(!dropout.mask.defined(), op, ": an explicit dropout mask is not supported (the kernels draw it from "
            "Philox); pass p and optionally rng");
+}
+
+// p and the Philox draw (the default generator's next, unless given).
+void draw_dropout(const DropoutOptions& dropout, AttentionInputs& in) {
   in.p = dropout.p;
   if (in.p > 0) in.rng = dropout.rng ? *dropout.rng : default_generator().next();
 }
@@ -387,48 +401,54 @@ std::vector<Tensor> edit_bias_grads(const AttentionGradTensors& gt, const autogr
 
 // fused_qkv_attention's backward at "high" on CUDA: the core's kernel writes
 // dq as float and dk, dv as fp16 (HalfKeyGradients), the three are joined
-// into one fp16 dqkv, and the projection's GEMMs read it with x and w's fp16
-// copies. The float dqkv [B,S,3C] never exists (docs/derivations.md,
-// "Training memory"); the core's saved fp16 q, k, v and dO go right after the
-// kernel. Returns {dx2, dw, db} where needs says.
+// into one fp16 dqkv, and the projection's GEMMs read it with fp16 copies of
+// x (for dW) and w (for dx), each saved only where needed. The float dqkv
+// [B,S,3C] never exists (docs/derivations.md, "The qkv projection in the
+// fused node"); q, k, v's fp16 copy and dO's go right after the kernel
+// (unless the graph is retained). Returns {dx2, dw, db} where needs says.
 std::vector<Tensor> half_qkv_projection_backward(AttentionInputs& in, AttentionGradTensors& gt,
                                                  const autograd::SavedTensors& s, const Tensor& x2, const Tensor& w,
                                                  const autograd::GradMask& needs) {
   const AttentionDims d = in.d;
   const int64_t rows = d.B * d.S, C = d.H * d.D;
-  const TensorOptions opts{x2.dtype(), x2.device()};
+  const TensorOptions opts{gt.delta.dtype(), gt.delta.device()};
   Tensor dq = empty({d.B, d.S, C}, opts);
   fill_into(dq, 0.0);
   gt.dq = make_view(dq, {d.B, d.H, d.S, d.D}, {d.S * C, d.D, C, 1}, dq.offset());
-  const Tensor db = empty({3 * C}, opts);
+  const Tensor db = empty({3 * C}, opts);  // dbk = 0: the rows of dS sum to 0
+  fill_into(db.narrow(0, C, 2 * C), 0.0);
   HalfKeyGradients& kv = gt.key_halves;
   kv.values = empty({rows * C}, opts);  // [B S, 2C] fp16
   kv.exponents = empty({d.B * d.H * ((d.S + kHalfKeyGroup - 1) / kHalfKeyGroup)}, opts);
   kv.scratch = empty({2}, opts);
-  kv.bias = db.narrow(0, C, 2 * C);
-  fill_into(kv.bias, 0.0);
+  kv.dbv = db.narrow(0, 2 * C, C);
   TG_DISPATCH_DEVICE(dq, FusedAttentionKernels, reset_key_halves, kv);
   TG_DISPATCH_DEVICE(dq, FusedAttentionKernels, backward, in, gt, MatmulPrecision::High);
   for (const size_t i : {kHalfValues, kHalfScalars, kLse}) s.release_early(i);
   in.qkv_half = {};
   gt.dout_half = {};
   gt.dq = gt.lse = gt.delta = Tensor();
+  if (needs[2]) copy_into(db.narrow(0, 0, C), sum(rows_view(dq, C), {0}));  // dbq from the float dq
+  if (!needs[0] && !needs[1]) return {Tensor(), Tensor(), autograd::keep_if(needs[2], db)};
 
-  copy_into(db.narrow(0, 0, C), sum(rows_view(dq, C), {0}));  // dbq from the float dq; dbk, dbv from the kernel
   const Tensor dqkv_values = empty({rows * 3 * C / 2}, opts);
   TG_DISPATCH_DEVICE(dq, FusedAttentionKernels, join_half_qkv, dq, kv, d, dqkv_values);
   dq = kv.values = Tensor();
-  const Fp16Group xw = to_fp16({x2, w});
-  const Fp16Group group{{{dqkv_values, rows, 3 * C}, xw.matrices[0], xw.matrices[1]}, empty({kFp16Scalars}, opts)};
-  TG_DISPATCH_DEVICE(x2, FusedAttentionKernels, half_qkv_scalars, kv, xw, group.scalars);
-  const auto product = [&](int a, bool transpose_a, int b, Shape shape) {
+  std::vector<Tensor> operands;  // x for dW, w for dx
+  if (needs[1]) operands.push_back(x2);
+  if (needs[0]) operands.push_back(w);
+  const Fp16Group converted = to_fp16(operands);
+  Fp16Group group{{{dqkv_values, rows, 3 * C}}, empty({kFp16Scalars}, opts)};
+  for (const Fp16Matrix& m : converted.matrices) group.matrices.push_back(m);
+  TG_DISPATCH_DEVICE(dqkv_values, FusedAttentionKernels, half_qkv_scalars, kv, converted, group.scalars);
+  const auto product = [&](bool transpose_a, int b, Shape shape) {
     Tensor c = empty(shape, opts);
-    gemm_fp16_into(group, a, transpose_a, b, false, c);
+    gemm_fp16_into(group, 0, transpose_a, b, false, c);
     return c;
   };
-  enum { kDqkv, kX, kW };
-  return {autograd::grad_if(needs[0], [&] { return product(kDqkv, false, kW, {rows, w.size(1)}); }),
-          autograd::grad_if(needs[1], [&] { return product(kDqkv, true, kX, {3 * C, x2.size(1)}); }),
+  const int ix = 1, iw = needs[1] ? 2 : 1;  // group: dqkv, then x and w as converted
+  return {autograd::grad_if(needs[0], [&] { return product(false, iw, {rows, w.size(1)}); }),
+          autograd::grad_if(needs[1], [&] { return product(true, ix, {3 * C, x2.size(1)}); }),
           autograd::keep_if(needs[2], db)};
 }
 
@@ -438,8 +458,11 @@ Tensor fused_attention(const Tensor& qkv, const Tensor& edit_mask, const Tensor&
                        const Tensor& w_in, const Tensor& w_x, int64_t heads, const DropoutOptions& dropout,
                        MatmulPrecision precision_in) {
   const char* op = "fused_attention";
-  AttentionInputs in = check_inputs(op, qkv, edit_mask, attn_mask, E, w_in, w_x, heads);
-  set_dropout(op, dropout, in);
+  check_defined(op, "qkv", qkv);
+  check_core_args(op, "qkv", qkv.shape(), qkv, edit_mask, attn_mask, E, w_in, w_x, heads);
+  check_dropout(op, dropout);
+  AttentionInputs in = core_inputs_of(qkv, edit_mask, attn_mask, E, w_in, w_x, heads);
+  draw_dropout(dropout, in);
   const MatmulPrecision precision = resolve_precision(precision_in);
   std::vector<Tensor> saved = core_forward(in, precision);
   const Tensor o = saved[kO];
@@ -468,19 +491,21 @@ Tensor fused_qkv_attention(const Tensor& x, const Tensor& qkv_weight, const Tens
     TG_CHECK(qkv_bias.shape() == Shape{qkv_weight.size(0)}, op, ": qkv_bias must be [", qkv_weight.size(0),
              "] for qkv_weight ", qkv_weight.shape(), ", got ", qkv_bias.shape());
   }
+  const Shape qkv_shape{x.size(0), x.size(1), qkv_weight.size(0)};
+  check_core_args(op, "the projection x W^T", qkv_shape, x, edit_mask, attn_mask, E, w_in, w_x, heads);
+  check_dropout(op, dropout);
   const MatmulPrecision precision = resolve_precision(precision_in);
   // At "high" on CUDA the projection's GEMMs run on fp16 tensor cores, like the core's (linear_fp16).
   const bool half = x.is_cuda() && x.dtype() == DType::Float32 && precision == MatmulPrecision::High;
   const Tensor x2 = rows_view(materialize(x), x.size(2)), w = half ? materialize(qkv_weight) : qkv_weight;
-  const Tensor qkv = linear_forward(op, x2, w, qkv_bias, precision, half).view({x.size(0), x.size(1), w.size(0)});
-  AttentionInputs in = check_inputs(op, qkv, edit_mask, attn_mask, E, w_in, w_x, heads);
-  set_dropout(op, dropout, in);
+  const Tensor qkv = linear_forward(op, x2, w, qkv_bias, precision, half).view(qkv_shape);
+  AttentionInputs in = core_inputs_of(qkv, edit_mask, attn_mask, E, w_in, w_x, heads);
+  draw_dropout(dropout, in);
   std::vector<Tensor> saved = core_forward(in, precision);
   const Tensor o = saved[kO];
   const autograd::GradMask m = autograd::grad_mask({x, qkv_weight, qkv_bias});
-  const bool project = m[0] || m[1];
-  saved.push_back(autograd::keep_if(project, x2));
-  saved.push_back(autograd::keep_if(project, w));
+  saved.push_back(autograd::keep_if(m[1], x2));  // dW = dqkv^T x
+  saved.push_back(autograd::keep_if(m[0], w));   // dx = dqkv W
   return autograd::record(
       OpId::fused_qkv_attention, o, {x, qkv_weight, qkv_bias, E, w_in, w_x}, std::move(saved),
       [meta = core_meta(in), precision, half, x_shape = x.shape()](Tensor g, const auto& s,
@@ -490,7 +515,7 @@ Tensor fused_qkv_attention(const Tensor& x, const Tensor& qkv_weight, const Tens
         const Tensor x2 = s[kCoreSaved], w = s[kCoreSaved + 1];
         const autograd::GradMask projection{needs[0], needs[1], needs[2]};
         std::vector<Tensor> grads;
-        if (!in.qkv_half.matrices.empty() && x2.defined()) {
+        if (!in.qkv_half.matrices.empty()) {
           grads = half_qkv_projection_backward(in, gt, s, x2, w, projection);
         } else {
           Tensor dqkv = float_qkv_backward(in, gt, precision);

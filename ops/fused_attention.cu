@@ -476,7 +476,7 @@ struct KeyHalves {
   HeadRows<__half> dk, dv;  // rows of [B S, 2C]
   int* exponents;           // [B H groups]
   int* min_exponent;
-  float* bias;              // [2C]: dbk, dbv
+  float* dbv;               // [C]
   int64_t groups;           // key groups of kHalfKeyGroup per (b, h)
 };
 
@@ -563,11 +563,11 @@ __device__ __forceinline__ void add_warp_row_sums(const float* tile, int stride,
 // The warp's 16 keys of f_k dK and f_v dV (rows row(r): mma::store_pairs)
 // as fp16 at their own scale 2^e, e from the larger of the two maxima
 // (max 2^e in [2^13, 2^14)); e recorded, and the smallest e of a group with
-// a nonzero kept; the k and v bias gradients added from the float values.
+// a nonzero kept; the v bias gradient added from the float dV (the k bias
+// gradient is 0: the rows of dS sum to 0).
 template <class RowOf>
 __device__ void store_key_halves(const KeyHalves& kv, const float (&dK)[8][4], const float (&dV)[8][4], float fk,
-                                 float fv, int64_t bh, int64_t h, int64_t C, int64_t group, int lane,
-                                 const RowOf& row) {
+                                 float fv, int64_t bh, int64_t h, int64_t group, int lane, const RowOf& row) {
   const float m = warp_reduce(fmaxf(fabsf(fk) * mma::lane_abs_max(dK), fabsf(fv) * mma::lane_abs_max(dV)),
                               [](float a, float b) { return fmaxf(a, b); });
   const int e = scale_exponent(m, 14);
@@ -578,8 +578,7 @@ __device__ void store_key_halves(const KeyHalves& kv, const float (&dK)[8][4], c
     kv.exponents[bh * kv.groups + group] = e;
     if (m != 0.f) atomicMin(kv.min_exponent, e);
   }
-  mma::add_column_sums(dK, fk, kv.bias + h * kD, lane);
-  mma::add_column_sums(dV, fv, kv.bias + C + h * kD, lane);
+  mma::add_column_sums(dV, fv, kv.dbv + h * kD, lane);
 }
 
 // kRead: P and Pd are read (the benchmark interface, with the row and column
@@ -853,7 +852,7 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
     halves = p.kv.dk.ptr != nullptr;
     const int64_t group = k0 / kHalfKeyGroup + warp;  // the warp's keys, 16 warp + (0 .. 15)
     if (halves && group * kHalfKeyGroup < sc.S)
-      store_key_halves(p.kv, dK, dV, factor.dk, factor.dv, bh, h, C, group, lane, key_row);
+      store_key_halves(p.kv, dK, dV, factor.dk, factor.dv, bh, h, group, lane, key_row);
   }
   if (!halves) {
     mma::write_tile(dK, factor.dk, key_row(&p.dk), lane, p.splits > 1);
@@ -910,8 +909,6 @@ __global__ void finish_edit_bias_sums_kernel(const double* dw_sums, const double
   }
 }
 
-// Raises kKernel's dynamic shared memory limit, once per kernel (not again
-// inside a CUDA graph capture of a later call).
 // ---- qkv's gradient as one fp16 matrix from the float dq and the fp16 dk,
 // dv (HalfKeyGradients), for the fp16 GEMMs of the qkv projection's backward.
 
@@ -988,15 +985,14 @@ __global__ void join_half_qkv_kernel(const HalfJoin j) {
   if (blockIdx.x == 0 && threadIdx.x == 0) reinterpret_cast<int*>(j.scratch)[0] = e;  // min(e, dq's) is e again
 }
 
-// The scalars of the group {dqkv (at 2^e), x, w (xw's matrices 0 and 1)}.
-__global__ void half_qkv_scalars_kernel(const float* scratch, const float* xw, float* out) {
-  constexpr int kCount = 3;
+// The scalars of the group {dqkv (at 2^e), then xw's matrices}, count in all.
+__global__ void half_qkv_scalars_kernel(const float* scratch, const float* xw, int count, float* out) {
   const int e = reinterpret_cast<const int*>(scratch)[0];
   const auto inverse_scale = [&](int t) { return t == 0 ? ldexpf(1.f, -e) : sqrtf(xw[(kMaxFp16Group + 1) * (t - 1)]); };
-  const int t = threadIdx.x;
-  if (t < kCount * kCount) out[(t / kCount) * kMaxFp16Group + t % kCount] = inverse_scale(t / kCount) * inverse_scale(t % kCount);
+  const int t = threadIdx.x, i = t / count, j = t % count;
+  if (t < count * count) out[i * kMaxFp16Group + j] = inverse_scale(i) * inverse_scale(j);
   if (t == 0) out[kFp16Beta] = 0.f;
-  if (t < kCount) out[kFp16BoundScales + t] = t == 0 ? ldexpf(1.f, e) : xw[kFp16BoundScales + t - 1];
+  if (t < count) out[kFp16BoundScales + t] = t == 0 ? ldexpf(1.f, e) : xw[kFp16BoundScales + t - 1];
 }
 
 KeyHalves key_halves_args(const HalfKeyGradients& kv, const AttentionDims& d) {
@@ -1004,10 +1000,12 @@ KeyHalves key_halves_args(const HalfKeyGradients& kv, const AttentionDims& d) {
   __half* values = reinterpret_cast<__half*>(kv.values.data<float>());
   const auto rows = [&](int t) { return HeadRows<__half>{values + t * C, d.S * 2 * C, kD, 2 * C}; };
   return {rows(0), rows(1), reinterpret_cast<int*>(kv.exponents.data<float>()),
-          reinterpret_cast<int*>(kv.scratch.data<float>()), kv.bias.data<float>(),
+          reinterpret_cast<int*>(kv.scratch.data<float>()), kv.dbv.data<float>(),
           (d.S + kHalfKeyGroup - 1) / kHalfKeyGroup};
 }
 
+// Raises kKernel's dynamic shared memory limit, once per kernel (not again
+// inside a CUDA graph capture of a later call).
 template <auto kKernel>
 void allow_shared_memory(size_t bytes) {
   static std::once_flag once;
@@ -1247,11 +1245,13 @@ void FusedAttentionKernels<Device::CUDA>::join_half_qkv(const Tensor& dq, const 
 template <>
 void FusedAttentionKernels<Device::CUDA>::half_qkv_scalars(const HalfKeyGradients& kv, const Fp16Group& xw,
                                                            const Tensor& scalars) {
-  TG_CHECK(xw.matrices.size() == 2 && scalars.numel() == kFp16Scalars, "half_qkv_scalars: takes the group of x and "
-           "the weight (2 matrices, got ", xw.matrices.size(), ") and ", kFp16Scalars, " scalars (got ",
-           scalars.numel(), ")");
+  const int count = 1 + static_cast<int>(xw.matrices.size());
+  TG_CHECK(count <= kMaxFp16Group && scalars.numel() == kFp16Scalars, "half_qkv_scalars: a group of dqkv and ",
+           xw.matrices.size(), " more matrices (at most ", kMaxFp16Group, " in all) into ", kFp16Scalars,
+           " scalars (got ", scalars.numel(), ")");
+  static_assert(kMaxFp16Group * kMaxFp16Group <= 32, "one warp writes the alphas");
   cuda::half_qkv_scalars_kernel<<<1, 32, 0, cuda::stream()>>>(kv.scratch.data<float>(), xw.scalars.data<float>(),
-                                                              scalars.data<float>());
+                                                              count, scalars.data<float>());
   cuda::check_launch("half_qkv_scalars");
 }
 

@@ -50,8 +50,10 @@ Tensor fused_attention(const Tensor& qkv, const Tensor& edit_mask, const Tensor&
 // One node, so that on CUDA at "high" the backward never holds qkv's float
 // gradient [B,S,3C]: its kernel writes dk and dv as fp16 (each group of 16
 // keys at its own power-of-two scale, then joined with dq into one fp16
-// matrix at one scale) for the projection's fp16 GEMMs. Elsewhere (CPU,
-// "highest") the float gradient and linear's GEMMs, as the two ops would.
+// matrix at one scale) for the projection's fp16 GEMMs; there the k bias
+// gradient is exactly 0, its value in exact arithmetic (the rows of dS sum
+// to 0). Elsewhere (CPU, "highest") the float gradient and linear's
+// backward, as the two ops would.
 Tensor fused_qkv_attention(const Tensor& x, const Tensor& qkv_weight, const Tensor& qkv_bias, const Tensor& edit_mask,
                            const Tensor& attn_mask, const Tensor& edit_region_bias, const Tensor& within_edit_bias,
                            const Tensor& cross_edit_bias, int64_t heads, const DropoutOptions& dropout = {},

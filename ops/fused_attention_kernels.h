@@ -52,15 +52,16 @@ struct AttentionInputs {
 // and dw_x [H], when defined, are written (zeros for an empty problem).
 // In training at "high" on CUDA (fused_qkv_attention): the kernel writes dk
 // and dv as fp16, each group of 16 keys of one (b, h) scaled by its own
-// power of two, and adds the k and v bias gradients (the column sums of the
-// float dk and dv); join_half_qkv then makes qkv's whole gradient one fp16
-// matrix at one scale. values undefined: dk and dv are float (dk, dv).
+// power of two, and adds the v bias gradient (the column sums of the float
+// dv; the k bias gradient is 0); join_half_qkv then makes qkv's whole
+// gradient one fp16 matrix at one scale. values undefined: dk and dv are
+// float (dk, dv).
 constexpr int64_t kHalfKeyGroup = 16;
 struct HalfKeyGradients {
   Tensor values;     // [B S, 2C] fp16 in float32 storage: dk in columns h D + d, dv in C + h D + d
   Tensor exponents;  // [B, H, ceil(S / kHalfKeyGroup)] int32 in float32 storage: a group's values are 2^e dk
   Tensor scratch;    // [2]: the smallest e (int32), dq's largest finite |x| (float)
-  Tensor bias;       // [2C]: dbk, dbv (added to)
+  Tensor dbv;        // [C] (added to)
 };
 
 struct AttentionGradTensors {
@@ -100,8 +101,8 @@ struct FusedAttentionKernels {
   // goes to kv.scratch for half_qkv_scalars.
   static void join_half_qkv(const Tensor& dq, const HalfKeyGradients& kv, const AttentionDims& d,
                             const Tensor& dqkv_values);
-  // CUDA only: the scalars of the group {dqkv, x, w} (Fp16Group::scalars)
-  // from join_half_qkv's e and the group xw = {x, w} (to_fp16).
+  // CUDA only: the scalars (Fp16Group::scalars) of the group {dqkv, xw's
+  // matrices} from join_half_qkv's e and xw (to_fp16).
   static void half_qkv_scalars(const HalfKeyGradients& kv, const Fp16Group& xw, const Tensor& scalars);
 };
 

@@ -239,7 +239,7 @@ std::vector<OpCase> build_cases() {
              return tg::fused_qkv_attention(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], d.H,
                                             {0.1, tg::PhiloxState{5, 9}}, tg::MatmulPrecision::High);
            },
-           kHalfGemm, kParity},
+           kHalfAttention, kParity},
       });
 }
 

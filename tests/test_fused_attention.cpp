@@ -209,3 +209,27 @@ TEST_CASE("errors/fused attention") {
         "fused_attention: batch 32768 x heads 2 = 65536 exceeds the CUDA kernels' limit of 65535 (b, h) pairs");
   CHECK(error_of([] { tg::check_cuda_batch_heads("fused_attention", 4095, 16); }).empty());
 }
+
+TEST_CASE("errors/fused qkv attention: every argument checked before the projection runs") {
+  const tg::Tensor x = tg::zeros({1, 3, 5}), W = tg::zeros({24, 5}), b = tg::zeros({24});
+  const tg::Tensor e = tg::zeros({1, 3}), a = tg::ones({1, 3}), E = tg::zeros({2, 4, 4}), w = tg::zeros({2, 1, 1});
+  const auto call = [&](const tg::Tensor& xx, const tg::Tensor& WW, const tg::Tensor& bb, const tg::Tensor& aa,
+                        const tg::Tensor& EE, int64_t heads, tg::DropoutOptions drop = {}) {
+    return error_of([&] { tg::fused_qkv_attention(xx, WW, bb, e, aa, EE, w, w, heads, drop); });
+  };
+  CHECK(call(x, W, b, a, E, 2).empty());
+  CHECK(call(tg::zeros({3, 5}), W, b, a, E, 2) == "fused_qkv_attention: x must be [B,S,C], got [3,5]");
+  CHECK(call(x, tg::zeros({24, 4}), b, a, E, 2) ==
+        "fused_qkv_attention: qkv_weight must be [3 H D, 5] for x [1,3,5], got [24,4]");
+  CHECK(call(x, W, tg::zeros({23}), a, E, 2) ==
+        "fused_qkv_attention: qkv_bias must be [24] for qkv_weight [24,5], got [23]");
+  CHECK(call(x, tg::zeros({25, 5}), tg::Tensor(), a, E, 2) ==
+        "fused_qkv_attention: the projection x W^T [1,3,25] does not split into 3 x 2 heads");
+  CHECK(call(x, W, b, a, tg::zeros({2, 2, 2}), 2) ==
+        "fused_qkv_attention: sequence length 3 of the projection x W^T [1,3,24] exceeds the 2 positions of "
+        "edit_region_bias [2,2,2]");
+  CHECK(call(x, W, b, tg::from_vector({1, 3, 1}, {1, 3}), E, 2) ==
+        "fused_qkv_attention: attn_mask [1,3] must hold only 0 and 1; element 1 is 3");
+  CHECK(call(x, W, b, a, E, 2, {0.99999999}) ==
+        "fused_qkv_attention: dropout p must be in [0, 1) (as a float), got 0.99999999");
+}
