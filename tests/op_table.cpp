@@ -52,6 +52,23 @@ tg::Tensor qk_of_permuted_projection(const V& t, const Dims& d) {
   return tg::matmul(q, k.transpose(-1, -2));
 }
 
+// fused_qkv_attention with masked keys and p = 0.1 at `precision`. Weights
+// of ~0.06 (as linear's rows) keep q and k near unit scale, like
+// fused_attention's rows: with 3x larger weights the scores are 9x larger
+// and the softmax so sharp that even the CPU's float32 gradients stray from
+// float64's by 2.4x kGemm's tolerance.
+OpCase fused_qkv_masked_row(std::string variant, tg::MatmulPrecision precision, Tolerance tolerance, unsigned uses) {
+  const auto mask = [](double p_one) { return Input{"B,S", bernoulli(p_one), false}; };
+  return {tg::OpId::fused_qkv_attention, std::move(variant),
+          {{"B,S,C"}, {"3C,C", uniform(-0.1, 0.1)}, {"3C"}, mask(0.5), mask(0.85), {"H,M,M", uniform(-0.5, 0.5)},
+           {"H,1,1"}, {"H,1,1"}},
+          [precision](const V& t, const Dims& d) {
+            return tg::fused_qkv_attention(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], d.H,
+                                           {0.1, tg::PhiloxState{5, 9}}, precision);
+          },
+          tolerance, uses};
+}
+
 std::vector<OpCase> build_cases() {
   using tg::OpId;
   auto no_grad = [](std::string s, Draw d = {}) { return Input{std::move(s), d, false}; };
@@ -211,18 +228,8 @@ std::vector<OpCase> build_cases() {
              return tg::fused_attention(t[0], t[1], a, t[3], t[4], t[5], d.H);
            },
            kGemm, kCheckOnly},
-          // Weights of ~0.06 (as linear's rows) keep q and k near unit scale, like
-          // fused_attention's rows: with 3x larger weights the scores are 9x
-          // larger and the softmax so sharp that even the CPU's float32
-          // gradients stray from float64's by 2.4x kGemm's tolerance.
-          {OpId::fused_qkv_attention, "projection and core, masked keys, p = 0.1",
-           {{"B,S,C"}, {"3C,C", uniform(-0.1, 0.1)}, {"3C"}, no_grad("B,S", bernoulli(0.5)),
-            no_grad("B,S", bernoulli(0.85)), {"H,M,M", uniform(-0.5, 0.5)}, {"H,1,1"}, {"H,1,1"}},
-           [](const V& t, const Dims& d) {
-             return tg::fused_qkv_attention(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], d.H,
-                                            {0.1, tg::PhiloxState{5, 9}});
-           },
-           kGemm},
+          fused_qkv_masked_row("projection and core, masked keys, p = 0.1", tg::MatmulPrecision::Default, kGemm,
+                               kAllUses),
           {OpId::fused_qkv_attention, "no bias, p = 0, a fully masked batch",
            {{"B,S,C"}, {"3C,C", uniform(-0.1, 0.1)}, no_grad("B,S", bernoulli(0.5)), no_grad("B,S", bernoulli(1.0)),
             {"H,M,M"}, {"H,1,1"}, {"H,1,1"}},
@@ -232,14 +239,8 @@ std::vector<OpCase> build_cases() {
              return tg::fused_qkv_attention(t[0], t[1], tg::Tensor(), t[2], a, t[4], t[5], t[6], d.H);
            },
            kGemm, kCheckOnly},
-          {OpId::fused_qkv_attention, "at \"high\": fp16 key gradients joined into one fp16 dqkv on CUDA",
-           {{"B,S,C"}, {"3C,C", uniform(-0.1, 0.1)}, {"3C"}, no_grad("B,S", bernoulli(0.5)),
-            no_grad("B,S", bernoulli(0.85)), {"H,M,M", uniform(-0.5, 0.5)}, {"H,1,1"}, {"H,1,1"}},
-           [](const V& t, const Dims& d) {
-             return tg::fused_qkv_attention(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], d.H,
-                                            {0.1, tg::PhiloxState{5, 9}}, tg::MatmulPrecision::High);
-           },
-           kHalfAttention, kParity},
+          fused_qkv_masked_row("at \"high\": fp16 key gradients joined into one fp16 dqkv on CUDA",
+                               tg::MatmulPrecision::High, kHalfAttention, kParity),
       });
 }
 
