@@ -20,6 +20,10 @@ __device__ __forceinline__ T warp_sum(T v) {
   return warp_reduce(v, [](T a, T b) { return a + b; });
 }
 
+__device__ __forceinline__ float warp_max(float v) {
+  return warp_reduce(v, [](float a, float b) { return fmaxf(a, b); });
+}
+
 // One warp's view of one row in a row kernel: lane l owns elements
 // j = l + 32 k. With K > 0 (rows of up to 32 K elements) the first sweep
 // keeps the lane's elements in registers and later sweeps read them there; with

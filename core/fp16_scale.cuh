@@ -10,6 +10,11 @@ namespace tg::cuda {
 // any scale, so it must not set the scale of the finite elements.
 __device__ __forceinline__ float finite_abs(float v) { return isfinite(v) ? fabsf(v) : 0.f; }
 
+// The largest finite_abs of a quad.
+__device__ __forceinline__ float finite_abs_max(float4 v) {
+  return fmaxf(fmaxf(finite_abs(v.x), finite_abs(v.y)), fmaxf(finite_abs(v.z), finite_abs(v.w)));
+}
+
 // e with amax 2^e in [2^(top - 1), 2^top) (0 for amax = 0), clamped to
 // [-63, 63] so that a pair's alpha 2^-(e_i + e_j) stays a normal float.
 __device__ __forceinline__ int scale_exponent(float amax, int top) {

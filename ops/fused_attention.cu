@@ -253,9 +253,7 @@ struct HalfOperands {
   const float* scalars[4];   // of q, k, v, dO
   int matrix[4];             // of q, k, v, dO in its group
   float pd_scale;
-  __device__ float inverse_scale(int x) const {  // 1 / s_x, exactly
-    return sqrtf(scalars[x][(kMaxFp16Group + 1) * matrix[x]]);
-  }
+  __device__ float inverse_scale(int x) const { return fp16_inverse_scale(scalars[x], matrix[x]); }  // 1 / s_x
   __device__ float bound_scale(int x) const { return scalars[x][kFp16BoundScales + matrix[x]]; }
 };
 
@@ -568,8 +566,7 @@ __device__ __forceinline__ void add_warp_row_sums(const float* tile, int stride,
 template <class RowOf>
 __device__ void store_key_halves(const KeyHalves& kv, const float (&dK)[8][4], const float (&dV)[8][4], float fk,
                                  float fv, int64_t bh, int64_t h, int64_t group, int lane, const RowOf& row) {
-  const float m = warp_reduce(fmaxf(fabsf(fk) * mma::lane_abs_max(dK), fabsf(fv) * mma::lane_abs_max(dV)),
-                              [](float a, float b) { return fmaxf(a, b); });
+  const float m = warp_max(fmaxf(fabsf(fk) * mma::lane_abs_max(dK), fabsf(fv) * mma::lane_abs_max(dV)));
   const int e = scale_exponent(m, 14);
   const float s = ldexpf(1.f, e);
   mma::write_tile_half(dK, fk * s, row(&kv.dk), lane);
@@ -925,8 +922,7 @@ __global__ void reset_key_halves_kernel(float* scratch) {
 __global__ void abs_max_kernel(const float4* x, int64_t quads, float* scratch) {
   float m = 0.f;
   for (int64_t q = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; q < quads; q += int64_t(gridDim.x) * blockDim.x) {
-    const float4 v = x[q];
-    m = fmaxf(fmaxf(m, fmaxf(finite_abs(v.x), finite_abs(v.y))), fmaxf(finite_abs(v.z), finite_abs(v.w)));
+    m = fmaxf(m, finite_abs_max(x[q]));
   }
   m = block_max(m);
   if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned*>(scratch + 1), __float_as_uint(m));
@@ -988,11 +984,9 @@ __global__ void join_half_qkv_kernel(const HalfJoin j) {
 // The scalars of the group {dqkv (at 2^e), then xw's matrices}, count in all.
 __global__ void half_qkv_scalars_kernel(const float* scratch, const float* xw, int count, float* out) {
   const int e = reinterpret_cast<const int*>(scratch)[0];
-  const auto inverse_scale = [&](int t) { return t == 0 ? ldexpf(1.f, -e) : sqrtf(xw[(kMaxFp16Group + 1) * (t - 1)]); };
-  const int t = threadIdx.x, i = t / count, j = t % count;
-  if (t < count * count) out[i * kMaxFp16Group + j] = inverse_scale(i) * inverse_scale(j);
-  if (t == 0) out[kFp16Beta] = 0.f;
-  if (t < count) out[kFp16BoundScales + t] = t == 0 ? ldexpf(1.f, e) : xw[kFp16BoundScales + t - 1];
+  write_fp16_group_scalars(
+      out, count, threadIdx.x, [&](int i) { return i == 0 ? ldexpf(1.f, -e) : fp16_inverse_scale(xw, i - 1); },
+      [&](int i) { return i == 0 ? ldexpf(1.f, e) : xw[kFp16BoundScales + i - 1]; });
 }
 
 KeyHalves key_halves_args(const HalfKeyGradients& kv, const AttentionDims& d) {

@@ -121,7 +121,7 @@ __device__ float convert(const Fp16Batch& batch, int t, float scale) {
   for (int64_t q = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; 4 * q < n; q += int64_t(gridDim.x) * blockDim.x) {
     if (batch.aligned[t] && 4 * q + 4 <= n) {
       const float4 v = reinterpret_cast<const float4*>(x)[q];
-      m = fmaxf(fmaxf(m, fmaxf(finite_abs(v.x), finite_abs(v.y))), fmaxf(finite_abs(v.z), finite_abs(v.w)));
+      m = fmaxf(m, finite_abs_max(v));
       reinterpret_cast<__half2*>(out)[2 * q] = __floats2half2_rn(v.x * scale, v.y * scale);
       reinterpret_cast<__half2*>(out)[2 * q + 1] = __floats2half2_rn(v.z * scale, v.w * scale);
     } else {
@@ -149,13 +149,9 @@ __global__ void to_fp16_kernel(const __grid_constant__ Fp16Batch batch) {
 __global__ void rescale_fp16_kernel(const __grid_constant__ Fp16Batch batch) {
   const auto scale = [&](int i) { return kept_scale(batch.amax[i], batch.first_scale[i]); };
   const int t = blockIdx.y;
-  if (blockIdx.x == 0 && t == 0 && threadIdx.x < kMaxFp16Group * kMaxFp16Group) {
-    const int i = threadIdx.x / kMaxFp16Group, j = threadIdx.x % kMaxFp16Group;
-    if (i < batch.count && j < batch.count) batch.scalars[threadIdx.x] = 1.f / (scale(i) * scale(j));
-    if (threadIdx.x == 0) batch.scalars[kFp16Beta] = 0.f;
-    if (threadIdx.x < batch.count)
-      batch.scalars[kFp16BoundScales + threadIdx.x] = scale_below(__uint_as_float(batch.amax[threadIdx.x]), 14);
-  }
+  if (blockIdx.x == 0 && t == 0)
+    write_fp16_group_scalars(batch.scalars, batch.count, threadIdx.x, [&](int i) { return 1.f / scale(i); },
+                             [&](int i) { return scale_below(__uint_as_float(batch.amax[i]), 14); });
   const float kept = scale(t);
   if (kept != batch.first_scale[t]) convert(batch, t, kept);
 }

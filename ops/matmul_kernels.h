@@ -1,5 +1,6 @@
 // The GEMM problem both back ends solve, and its kernels.
 #pragma once
+#include <cmath>
 #include <vector>
 
 #include "core/cuda.h"
@@ -75,6 +76,20 @@ struct Fp16Group {
 };
 constexpr int kFp16Beta = kMaxFp16Group * kMaxFp16Group, kFp16BoundScales = kFp16Beta + 1,
               kFp16Scratch = kFp16BoundScales + kMaxFp16Group, kFp16Scalars = kFp16Scratch + 2 * kMaxFp16Group;
+// 1 / s_i of matrix i of a group, exactly (alpha(i, i) = 1 / s_i^2, s_i a power of two).
+TG_HD float fp16_inverse_scale(const float* scalars, int i) {
+  return sqrtf(scalars[(kMaxFp16Group + 1) * i]);
+}
+// Thread t's part (t < kMaxFp16Group^2) of writing a group's scalars for
+// `count` matrices from each one's inverse storage scale and bound scale:
+// alpha(i, j) = inverse(i) inverse(j), beta 0.
+template <class Inverse, class Bound>
+TG_HD void write_fp16_group_scalars(float* scalars, int count, int t, const Inverse& inverse, const Bound& bound) {
+  const int i = t / kMaxFp16Group, j = t % kMaxFp16Group;
+  if (t < kMaxFp16Group * kMaxFp16Group && i < count && j < count) scalars[t] = inverse(i) * inverse(j);
+  if (t == 0) scalars[kFp16Beta] = 0.f;
+  if (t < count) scalars[kFp16BoundScales + t] = bound(t);
+}
 Fp16Group to_fp16(const std::vector<Tensor>& xs);  // CUDA float32, contiguous 2-D
 // to_fp16 in two steps, for a conversion queued where nothing may be
 // allocated (a cuda::Fork's side work): fp16_group checks xs and allocates
