@@ -93,28 +93,51 @@ TG_HD Philox4 philox_block(PhiloxState s, uint64_t group) { return philox_block(
 // Uniform in [0, 1) from the top 24 of 32 random bits: exact in float, so host and device agree bit for bit.
 TG_HD float bits_to_uniform(uint32_t bits) { return static_cast<float>(bits >> 8) * (1.0f / 16777216.0f); }
 
-// Dropout keeps an element when its uniform is at least p: bits_to_uniform(bits)
-// >= p, which holds exactly when bits >= dropout_keep_threshold(p), for a float
-// p in [0, 1) (p = 1 would wrap to 0: keep all). The uniform is n 2^-24 with
-// n = bits >> 8, an integer, so n >= p 2^24 means n >= ceil(p 2^24), which is
-// bits >= ceil(p 2^24) 2^8: one integer compare per keep bit, the form every
-// dropout (the op's, the fused kernels', their CPU loops) uses.
-TG_HD uint32_t dropout_keep_threshold(float p) { return static_cast<uint32_t>(std::ceil(p * 16777216.0f)) << 8; }
-
 // Element i's uniform: lane i % 4 of block i / 4.
 TG_HD float philox_uniform(PhiloxState s, int64_t i) {
   return bits_to_uniform(philox_block(s, static_cast<uint64_t>(i) / 4).v[i % 4]);
 }
 
-// Dropout draws row by row: element (row, col) of a tensor seen as rows of its
-// last dim (`cols` long) takes lane col % 4 of block row * ceil(cols / 4) + col / 4.
-// Every row starts a fresh block, so a kernel that holds a tile of a row can
-// draw its keep bits without reading another row's.
+// Dropout draws 16 bits per element, eight elements per block: element (row,
+// col) of a tensor seen as rows of its last dim (`cols` long) takes block
+// row * ceil(cols / 8) + col / 8, lane (col % 8) / 2, the low half for an even
+// col and the high half for an odd one. Every row starts a fresh block, so a
+// kernel that holds a tile of a row draws its bits without reading another
+// row's; 16 bits rather than 32 halve the Philox work of the attention kernels,
+// which regenerate the mask (bench/NOTES.md, version 14).
+constexpr int64_t kDropoutBlockCols = 8;
 TG_HD uint64_t dropout_block(int64_t row, int64_t col, int64_t cols) {
-  return static_cast<uint64_t>(row) * static_cast<uint64_t>((cols + 3) / 4) + static_cast<uint64_t>(col / 4);
+  return static_cast<uint64_t>(row) * static_cast<uint64_t>((cols + kDropoutBlockCols - 1) / kDropoutBlockCols) +
+         static_cast<uint64_t>(col / kDropoutBlockCols);
+}
+// Column col's 16-bit draw in its block.
+TG_HD uint32_t dropout_draw(const Philox4& block, int64_t col) {
+  return (block.v[(col % kDropoutBlockCols) / 2] >> (16 * (col % 2))) & 0xffffu;
 }
 TG_HD uint32_t dropout_bits(PhiloxState s, int64_t row, int64_t col, int64_t cols) {
-  return philox_block(s, dropout_block(row, col, cols)).v[col % 4];
+  return dropout_draw(philox_block(s, dropout_block(row, col, cols)), col);
+}
+
+// Dropout keeps an element when its uniform u = n 2^-16 (n its 16-bit draw) is
+// at least p: since n is an integer, n >= p 2^16 exactly when n >= ceil(p 2^16),
+// one integer compare per element, the form every dropout (the op's, the fused
+// kernels', their CPU loops) uses. A p in (1 - 2^-16, 1) takes 2^16 - 1, the
+// largest threshold a 16-bit lane compare can hold: it keeps 2^-16 of the
+// elements, not none. (p is a float in [0, 1): check_dropout_p.)
+TG_HD uint32_t dropout_keep_threshold(float p) {
+  const uint32_t t = static_cast<uint32_t>(std::ceil(p * 65536.0f));
+  return t < 0xffffu ? t : 0xffffu;
+}
+
+// Whether the two draws of one 32-bit lane (columns 2w and 2w + 1) are kept,
+// given the threshold in the high half (dropout_keep_threshold(p) << 16): the
+// high draw against it directly, the low one shifted up, two compares with no
+// masking, where the kernels spend their dropout instructions.
+struct KeepPair {
+  bool even, odd;
+};
+TG_HD KeepPair dropout_keep_pair(uint32_t lane_bits, uint32_t high_threshold) {
+  return {(lane_bits << 16) >= high_threshold, lane_bits >= high_threshold};
 }
 
 // Standard normal by Box-Muller from two 32-bit lanes of one block.

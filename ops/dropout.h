@@ -1,7 +1,9 @@
 // Dropout: y = x * keep / (1 - p). The keep mask is either regenerated from
 // Philox (seed, offset, and the element's row and column in the tensor seen
 // as rows of its last dim: core/philox.h, dropout_bits) — never stored — or
-// given explicitly as a 0/1 tensor. keep = uniform >= p (dropout_keep_threshold). Dropout is linear in x, so its backward is the same op on g:
+// given explicitly as a 0/1 tensor. keep = uniform >= p, the uniform a 16-bit
+// draw over 2^16, so p acts rounded up to a multiple of 2^-16
+// (dropout_keep_threshold). Dropout is linear in x, so its backward is the same op on g:
 //
 //   x <- g * keep / (1 - p)
 //
@@ -22,8 +24,8 @@ struct DropoutOptions {
 
 Tensor dropout(const Tensor& x, const DropoutOptions& options);
 // p in [0, 1), also as a float: every dropout keeps by the threshold of
-// float(p) (core/philox.h), which wraps to "keep all" at 1. Errors name op and
-// the argument `name`.
+// float(p) (core/philox.h), and a p that rounds to 1 as a float would not
+// mean "drop all". Errors name op and the argument `name`.
 void check_dropout_p(const char* op, const char* name, double p);
 // The 0/1 keep mask that dropout(x, {p, state}) applies to a tensor of `shape`.
 Tensor dropout_mask(const Shape& shape, double p, PhiloxState state, TensorOptions opts = {});

@@ -64,7 +64,7 @@ struct ScoreArgs {
   const float *e, *a, *E, *w_in, *w_x;
   int64_t B, H, S, M;
   float scale, keep_scale;  // keep_scale = 1/(1-p)
-  uint32_t keep_threshold;  // dropout_keep_threshold(p)
+  uint32_t keep_high_threshold;  // dropout_keep_threshold(p) << 16 (dropout_keep_pair)
   PhiloxDraw rng;           // in.rng's
   bool dropout;
 };
@@ -74,7 +74,7 @@ ScoreArgs score_args(const AttentionInputs& in) {
           in.within.data<float>(),    in.cross.data<float>(),     in.d.B,
           in.d.H,                     in.d.S,                     in.d.M,
           static_cast<float>(in.scale), static_cast<float>(1.0 / (1.0 - in.p)),
-          dropout_keep_threshold(static_cast<float>(in.p)),
+          dropout_keep_threshold(static_cast<float>(in.p)) << 16,
           philox_draw(in.rng),        in.p > 0};
 }
 
@@ -217,25 +217,43 @@ __device__ __forceinline__ void load_key_flags(const ScoreArgs& sc, int64_t b, i
   key_ok[threadIdx.x] = key_takes_part(sc, b, j) ? 1.f : 0.f;
 }
 
-// Keep factors (`kept` for a kept element, else 0) of one Philox block
-// shared by a pair of lanes (lane and lane ^ partner): together they hold two
-// rows of the [B,H,S,S] mask at the same two columns of one group of 4 (lanes
-// 2 sel and 2 sel + 1 of the group). Each lane draws the block of one row
-// (the first row's for sel 0, the second's for sel 1: `group`, dropout_block
-// of that row and the group's first column) and hands its partner the two
-// values it needs. keep[r][c]: row r, column 2 sel + c of the group.
-__device__ __forceinline__ void pair_keep(const ScoreArgs& sc, uint64_t group, int sel, int partner, float kept,
-                                          float (&keep)[2][2]) {
-  const Philox4 r = philox_block(sc.rng, group);
-  const uint32_t send0 = sel ? r.v[0] : r.v[2], send1 = sel ? r.v[1] : r.v[3];
-  const uint32_t recv0 = __shfl_xor_sync(0xffffffffu, send0, partner);
-  const uint32_t recv1 = __shfl_xor_sync(0xffffffffu, send1, partner);
-  const uint32_t bits[2][2] = {{sel ? recv0 : r.v[0], sel ? recv1 : r.v[1]},
-                               {sel ? r.v[2] : recv0, sel ? r.v[3] : recv1}};
+// x[k] <- x[k ^ u] for a u in 0 .. 3 known only at run time (two rounds of selects).
+__device__ __forceinline__ void xor_permute(uint32_t (&x)[4], int u) {
+  uint32_t y[4];
 #pragma unroll
-  for (int i = 0; i < 2; ++i)
+  for (int k = 0; k < 4; ++k) y[k] = u & 1 ? x[k ^ 1] : x[k];
 #pragma unroll
-    for (int c = 0; c < 2; ++c) keep[i][c] = bits[i][c] >= sc.keep_threshold ? kept : 0.f;
+  for (int k = 0; k < 4; ++k) x[k] = u & 2 ? y[k ^ 2] : y[k];
+}
+
+// The dropout draws of the four Philox blocks of a quad of lanes (u = 0 .. 3
+// at lane ^ (u' << shift) for the others): together they hold rows a = 0, 1
+// of two tiles n = 0, 1 of the [B,H,S,S] mask at the same 8 columns (one
+// block each, core/philox.h), lane u columns 2u and 2u + 1, that is lane u
+// of every block. Lane u draws the block of (a, n) = (u & 1, u >> 1),
+// `block`, and sends lane u ^ k (k = 1 .. 3) the lane of it that one needs,
+// so each block is drawn once. bits[a + 2n]: lane u of the block of (a, n).
+// Without dropout every element is kept (all ones).
+__device__ __forceinline__ void quad_draws(const ScoreArgs& sc, uint64_t block, int u, int shift,
+                                           uint32_t (&bits)[4]) {
+  if (!sc.dropout) {
+    bits[0] = bits[1] = bits[2] = bits[3] = ~0u;
+    return;
+  }
+  const Philox4 r = philox_block(sc.rng, block);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) bits[k] = r.v[k];
+  xor_permute(bits, u);  // bits[k]: the lane that lane u ^ k needs
+#pragma unroll
+  for (int k = 1; k < 4; ++k) bits[k] = __shfl_xor_sync(0xffffffffu, bits[k], k << shift);
+  xor_permute(bits, u);  // bits[k]: lane u of block k (it came from lane u ^ k)
+}
+
+// Pd's factor of P for column 2u + c (c = 0, 1) of quad_draws' lane `bits`:
+// `kept` (1 / (1 - p), times a tile scale) for a kept element, else 0.
+__device__ __forceinline__ float keep_factor(const ScoreArgs& sc, uint32_t bits, int c, float kept) {
+  const KeepPair k = dropout_keep_pair(bits, sc.keep_high_threshold);
+  return (c ? k.odd : k.even) ? kept : 0.f;
 }
 
 // fp16 operand tiles: where each of q, k, v, dO lives, its fp16 copy and
@@ -322,7 +340,9 @@ __global__ void __launch_bounds__(kFwdThreads, ForwardLayout<Mma>::kMinCtasPerSm
   float* key_terms = reinterpret_cast<float*>(smem_bytes + Layout::kKeys);  // load_key_terms
   const ScoreArgs& sc = p.sc;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int64_t b = blockIdx.y / sc.H, h = blockIdx.y % sc.H, q0 = int64_t(blockIdx.x) * kFwdRows;
+  // b varies fastest in blockIdx.y: the B CTAs of one (h, query tile) run side by side and read each
+  // edit_region_bias tile from the L2, not B times from memory.
+  const int64_t h = blockIdx.y / sc.B, b = blockIdx.y % sc.B, q0 = int64_t(blockIdx.x) * kFwdRows;
   const int64_t rows[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8};
   // Per row: the max so far; its log2(e) multiple, rounded once (0 while every
   // key so far is masked): every P and every correction use this one value, so
@@ -339,11 +359,12 @@ __global__ void __launch_bounds__(kFwdThreads, ForwardLayout<Mma>::kMinCtasPerSm
     pd_scale = p.half.pd_scale;
     o_scale = p.half.inverse_scale(kHalfV) / pd_scale;
   }
-  const float kept = sc.keep_scale * pd_scale;  // Pd's factor of P for a kept element (dropout)
+  const float kept = sc.keep_scale * pd_scale;  // Pd's factor of P for a kept element (1 / (1 - p) times its scale)
   const auto q_rows = operand_rows<kHalf>(p.q, p.half.q), k_rows = operand_rows<kHalf>(p.k, p.half.k);
   const auto v_rows = operand_rows<kHalf>(p.v, p.half.v);
   float acc[8][4] = {};
-  const uint64_t row_group = dropout_block(t & 1 ? row_id[1] : row_id[0], 4 * (t >> 1), sc.S);  // pair_keep: at key 0
+  // quad_draws' block at key 0: row t & 1 of key tile t >> 1 (the quad: the 4 lanes of one g)
+  const uint64_t row_block = dropout_block(t & 1 ? row_id[1] : row_id[0], 8 * (t >> 1), sc.S);
   copy_head_rows<kFwdThreads>(q_rows, b, h, q0, kFwdRows, sc.S, Qs, kTs);  // waited for with the first key tile
   const auto warp_row = [&](int r) { return 16 * warp + r; };
 
@@ -394,16 +415,16 @@ __global__ void __launch_bounds__(kFwdThreads, ForwardLayout<Mma>::kMinCtasPerSm
       for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
         for (int c = 0; c < 4; ++c) acc[nt][c] *= correction[c >> 1];
+    uint32_t draws[4];  // quad_draws of tiles nt and nt + 1 (nt even)
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
-      float keep[2][2] = {{pd_scale, pd_scale}, {pd_scale, pd_scale}};  // Pd's factor of P: with its scale
-      if (sc.dropout) pair_keep(sc, row_group + (k0 + 8 * nt) / 4, t & 1, 1, kept, keep);
+      if (nt % 2 == 0) quad_draws(sc, row_block + (k0 + 8 * nt) / kDropoutBlockCols, t, 0, draws);
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int r = c >> 1;
         const float pr = exp_shifted(s[nt][c], shift_log2e[r]);
         l_run[r] += pr;
-        s[nt][c] = pr * keep[r][c & 1];
+        s[nt][c] = pr * keep_factor(sc, draws[r + 2 * (nt % 2)], c & 1, kept);
       }
     }
 
@@ -674,14 +695,16 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
   //   sum_i dS_ij cross(e_i, e_j) = (1 - e_j) sum_i dS_ij e_i + e_j sum_i dS_ij (1 - e_i)
   using TilePartial = std::conditional_t<Mma::kHighest, double, float>;
   float colsum[2] = {0.f, 0.f};
-  const uint64_t group_step = dropout_block(8, 0, sc.S);  // 8 rows of the mask further: the next nt
+  const uint64_t tile_step = dropout_block(8, 0, sc.S);  // 8 rows of the mask further: the next nt
   double dw_in_part = 0, dw_x_part = 0;
 
   for (int64_t qt = split; qt < query_tiles; qt += p.splits) {
     const int64_t q0 = qt * kBwdRows;
     const int queries = static_cast<int>(min(sc.S - q0, int64_t(kBwdRows)));  // in this tile
-    // This lane's pair_keep block: its row (query 2t + (g & 1) of the tile's first 8) at its keys' group of 4.
-    const uint64_t tile_group = dropout_block(bh * sc.S + q0 + 2 * t + (g & 1), k0 + 16 * warp + 4 * (g >> 1), sc.S);
+    // This lane's quad_draws block (the quad: the 4 lanes of one t and g >> 2): its row, query 2t + (g & 1)
+    // of query tile (g & 3) >> 1 (of nt 0 and 1), at its keys' 8 columns.
+    const uint64_t tile_block =
+        dropout_block(bh * sc.S + q0 + 8 * ((g & 3) >> 1) + 2 * t + (g & 1), k0 + 16 * warp + 8 * (g >> 2), sc.S);
     __syncthreads();  // the previous tile's dS (and q_sums) are no longer read
     copy_scores(kRead ? probs(p.P) : sc.E + h * sc.M * sc.M, kRead ? sc.S : sc.M, q0, dSs);
     async::commit();
@@ -701,13 +724,12 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
     async::wait<0>();
     __syncthreads();  // P or E is in
     TilePartial tile_e[2] = {}, tile_all[2] = {};
+    uint32_t draws[4];  // recompute: quad_draws of tiles nt and nt + 1 (nt even), rows = queries
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
       const int il0 = 8 * nt + 2 * t;
-      float keep[2][2] = {{pd_factor, pd_factor}, {pd_factor, pd_factor}};  // [query column][key row], times pd_factor
+      if (recompute && nt % 2 == 0) quad_draws(sc, tile_block + nt * tile_step, g & 3, 2, draws);
       double sums[4][2] = {};  // kRowSums: A, B, m, n per query column
-      if (recompute && sc.dropout)  // rows: the thread's two queries; the lane pair: g and g ^ 1
-        pair_keep(sc, tile_group + nt * group_step, g & 1, 4, kept, keep);
       // Per query column il, the thread's two keys jl[0] and jl[1] = jl[0] + 1
       // are side by side: P (or E), Pd and dS move as float2, which also
       // keeps the warp's accesses free of bank conflicts at stride kStride.
@@ -733,9 +755,10 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
           if constexpr (recompute) {
             // a masked key's score is -inf, so its P 0
             const float score = fmaf(pd[nt][c], qk_scale, staged_in) + (query_e ? terms[r].y : terms[r].x);
+            const float keep = keep_factor(sc, draws[cq + 2 * (nt % 2)], r, kept);  // times pd_factor
             prob = exp_shifted(score, lse_log2e);
-            dropped = prob * keep[cq][r];
-            d = prob * (dpd_over_pd * ds[nt][c] * keep[cq][r] - q_delta[il]);
+            dropped = prob * keep;
+            d = prob * (dpd_over_pd * ds[nt][c] * keep - q_delta[il]);
           } else {
             const float dpd = factor.dpd * ds[nt][c];
             prob = staged_in;

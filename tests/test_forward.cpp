@@ -211,14 +211,16 @@ TEST_CASE("forward/softmax backward through an all -inf row and through an addit
 
 TEST_CASE("forward/dropout keeps exactly the elements whose Philox uniform is >= p, scaled by 1/(1-p)") {
   const tg::PhiloxState rng{3, 9};
-  const int64_t rows = 12, cols = 37;  // rows not a whole number of Philox blocks: each row starts a new one
+  const int64_t rows = 12, cols = 37;  // rows not a whole number of Philox blocks (8 columns): each row starts a new one
   const tg::Tensor x = tg::randn({3, rows / 3, cols}, {tg::DType::Float64});
   const std::vector<double> y = tg::dropout(x, {0.25, rng}).to_vector(), xv = x.to_vector();
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) {
-      // The rule, evaluated here from the generator: block r * ceil(cols/4) + c/4, lane c % 4.
-      const uint32_t bits = tg::philox_block(rng, r * ((cols + 3) / 4) + c / 4).v[c % 4];
-      const double keep = static_cast<double>(bits >> 8) / 16777216.0 >= 0.25 ? 1.0 : 0.0;
+      // The rule, evaluated here from the generator: block r * ceil(cols/8) + c/8, lane (c % 8) / 2,
+      // its low 16 bits for an even c, its high 16 for an odd one; the uniform is those bits / 2^16.
+      const uint32_t lane = tg::philox_block(rng, r * ((cols + 7) / 8) + c / 8).v[(c % 8) / 2];
+      const uint32_t bits = c % 2 ? lane >> 16 : lane & 0xffffu;
+      const double keep = static_cast<double>(bits) / 65536.0 >= 0.25 ? 1.0 : 0.0;
       CHECK(y[r * cols + c] == xv[r * cols + c] * keep * (1.0 / 0.75));
     }
 }
@@ -227,18 +229,18 @@ TEST_CASE("forward/dropout masks: rate, lanes and neighbours within 5 sigma of B
   const double p = 0.1, q = 1 - p;
   const int64_t n = 400000;
   const std::vector<double> m = tg::dropout_mask({n}, p, {21, 7}, {tg::DType::Float64}).to_vector();
-  double kept = 0, pairs = 0, lane[4] = {};
+  double kept = 0, pairs = 0, lane[8] = {};
   for (int64_t i = 0; i < n; ++i) {
     CHECK((m[i] == 0.0 || m[i] == 1.0));
     kept += m[i];
-    lane[i % 4] += m[i];
+    lane[i % 8] += m[i];
     if (i + 1 < n) pairs += m[i] * m[i + 1];
   }
   auto within = [](double count, double trials, double prob) {
     return std::abs(count - trials * prob) <= 5 * std::sqrt(trials * prob * (1 - prob));
   };
   CHECK(within(kept, n, q));
-  for (double l : lane) CHECK(within(l, n / 4, q));  // each Philox lane on its own
+  for (double l : lane) CHECK(within(l, n / 8, q));  // each 16-bit half of each Philox lane on its own
   CHECK(within(pairs, n - 1, q * q));                // neighbours independent
 }
 

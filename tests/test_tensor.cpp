@@ -132,7 +132,8 @@ TEST_CASE("rng/Philox4x32-10 known-answer vectors (Random123)") {
 }
 
 TEST_CASE("rng/dropout_keep_threshold: the integer compare keeps exactly what the uniform compare keeps") {
-  std::vector<float> ps = {0.f, 1e-30f, 1.f / 16777216.f, 0.1f, 1.f / 3.f, 0.5f, 0.9f, std::nextafter(1.f, 0.f)};
+  std::vector<float> ps = {0.f, 1e-30f, 1.f / 65536.f, 1.5f / 65536.f, 0.1f, 1.f / 3.f, 0.5f, 0.9f,
+                           1.f - 1.f / 65536.f};
   tg::Philox4 state{{1, 2, 3, 4}};
   for (int i = 0; i < 64; ++i) {  // and random p's from the generator's own bits
     state = tg::philox4x32_10(state, 7, 11);
@@ -141,17 +142,44 @@ TEST_CASE("rng/dropout_keep_threshold: the integer compare keeps exactly what th
   int checked = 0, kept = 0;
   for (const float p : ps) {
     const uint32_t t = tg::dropout_keep_threshold(p);
-    std::vector<uint32_t> bits = {0u, 255u, 256u, ~0u, t, t - 1, t + 1, t - 256, t + 255};
-    for (int i = 0; i < 32; ++i) bits.push_back(tg::philox4x32_10({{uint32_t(i), 9, 9, 9}}, 5, 6).v[i % 4]);
-    for (const uint32_t b : bits) {
-      const bool by_uniform = tg::bits_to_uniform(b) >= p;
-      CHECK_MESSAGE((b >= t) == by_uniform, "p ", p, " bits ", b, " threshold ", t);
+    std::vector<uint32_t> draws = {0u, 1u, 0xffffu, t, t - 1, t + 1};
+    for (int i = 0; i < 32; ++i) draws.push_back(tg::philox4x32_10({{uint32_t(i), 9, 9, 9}}, 5, 6).v[i % 4] >> 16);
+    for (const uint32_t n : draws) {
+      if (n > 0xffffu) continue;  // t - 1 for t = 0
+      const bool by_uniform = static_cast<double>(n) / 65536.0 >= p;
+      CHECK_MESSAGE((n >= t) == by_uniform, "p ", p, " draw ", n, " threshold ", t);
       ++checked, kept += by_uniform;
     }
   }
   CHECK(checked > 1000);
   CHECK(kept > 0);
   CHECK(kept < checked);
+  // Past 1 - 2^-16 the threshold stays at the largest 16-bit one: only the draw 0xffff is kept.
+  const float near_one = std::nextafter(1.f, 0.f);
+  CHECK(tg::dropout_keep_threshold(near_one) == 0xffffu);
+}
+
+TEST_CASE("rng/dropout_keep_pair: one lane's two draws against the threshold in its high half") {
+  std::vector<uint32_t> thresholds = {0u, 1u, 6554u, 0x8000u, 0xfffeu, 0xffffu};
+  std::vector<uint32_t> lanes = {0u, 0xffffffffu, 0x0000ffffu, 0xffff0000u};
+  for (uint32_t t : thresholds) lanes.insert(lanes.end(), {t, t << 16, (t << 16) | t, ((t - 1) << 16) | (t + 1)});
+  for (int i = 0; i < 64; ++i) lanes.push_back(tg::philox4x32_10({{uint32_t(i), 3, 3, 3}}, 1, 2).v[i % 4]);
+  int even_kept = 0, odd_kept = 0;
+  for (const uint32_t t : thresholds)
+    for (const uint32_t w : lanes) {
+      const tg::KeepPair k = tg::dropout_keep_pair(w, t << 16);
+      CHECK_MESSAGE(k.even == ((w & 0xffffu) >= t), "lane ", w, " threshold ", t);
+      CHECK_MESSAGE(k.odd == ((w >> 16) >= t), "lane ", w, " threshold ", t);
+      even_kept += k.even, odd_kept += k.odd;
+    }
+  CHECK(even_kept > 0);
+  CHECK(odd_kept > 0);
+  // And the draw of column c is the half of lane (c % 8) / 2 that dropout_keep_pair reads for it.
+  const tg::Philox4 block = tg::philox4x32_10({{5, 6, 7, 8}}, 9, 10);
+  for (int c = 0; c < 8; ++c) {
+    const uint32_t lane = block.v[c / 2];
+    CHECK(tg::dropout_draw(block, c) == (c % 2 ? lane >> 16 : lane & 0xffffu));
+  }
 }
 
 TEST_CASE("rng/seeded draws: the known-answer block gives the first uniforms") {
