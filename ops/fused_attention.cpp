@@ -326,14 +326,23 @@ void draw_dropout(const DropoutOptions& dropout, AttentionInputs& in) {
 enum CoreSaved : size_t { kQ, kK, kV, kO, kLse, kEditMask, kAttnMask, kE, kWithin, kCross, kHalfValues, kHalfScalars,
                           kCoreSaved };
 
+// Whether the core's kernels read qkv's fp16 copy (CUDA, "high", a nonempty problem).
+bool core_reads_half_qkv(const Tensor& qkv, MatmulPrecision precision, const AttentionDims& d) {
+  return qkv.is_cuda() && precision == MatmulPrecision::High && d.B * d.H * d.S > 0;
+}
+
 // The core's forward on checked inputs: o [B,S,C] and the log-sum-exp
 // [B,H,S]. At "high" on CUDA the kernels read qkv's fp16 copy (in.qkv_half),
-// which the backward keeps in place of the float q, k, v (half their memory).
-std::vector<Tensor> core_forward(AttentionInputs& in, MatmulPrecision precision) {
+// which the backward keeps in place of the float q, k, v (half their memory);
+// qkv_bias, given only then, is added to qkv in that conversion (the float
+// qkv, which nothing else reads, was left without it).
+std::vector<Tensor> core_forward(AttentionInputs& in, MatmulPrecision precision, const Tensor& qkv_bias = {}) {
   const AttentionDims d = in.d;
   const TensorOptions opts{in.qkv.dtype(), in.qkv.device()};
-  const bool half_qkv = in.qkv.is_cuda() && precision == MatmulPrecision::High && d.B * d.H * d.S > 0;
-  if (half_qkv) in.qkv_half = to_fp16({rows_view(in.qkv, 3 * d.H * d.D)});
+  const bool half_qkv = core_reads_half_qkv(in.qkv, precision, d);
+  TG_CHECK(half_qkv || !qkv_bias.defined(), "fused attention (internal): a qkv bias for the fp16 copy, which ",
+           "this call does not make");
+  if (half_qkv) in.qkv_half = to_fp16({rows_view(in.qkv, 3 * d.H * d.D)}, {qkv_bias});
   Tensor o = empty({d.B, d.S, d.H * d.D}, opts);
   const Tensor lse = empty({d.B, d.H, d.S}, opts);
   TG_DISPATCH_DEVICE(in.qkv, FusedAttentionKernels, forward, in, o, lse, precision);
@@ -498,10 +507,13 @@ Tensor fused_qkv_attention(const Tensor& x, const Tensor& qkv_weight, const Tens
   // At "high" on CUDA the projection's GEMMs run on fp16 tensor cores, like the core's (linear_fp16).
   const bool half = x.is_cuda() && x.dtype() == DType::Float32 && precision == MatmulPrecision::High;
   const Tensor x2 = rows_view(materialize(x), x.size(2)), w = half ? materialize(qkv_weight) : qkv_weight;
-  const Tensor qkv = linear_forward(op, x2, w, qkv_bias, precision, half).view(qkv_shape);
+  // Where the core reads only qkv's fp16 copy, the bias goes into that conversion, not a pass over the float qkv.
+  const AttentionDims dims{qkv_shape[0], heads, qkv_shape[1], qkv_shape[2] / 3 / heads, E.size(1)};
+  const bool bias_in_copy = qkv_bias.defined() && half && core_reads_half_qkv(x, precision, dims);
+  const Tensor qkv = linear_forward(op, x2, w, bias_in_copy ? Tensor() : qkv_bias, precision, half).view(qkv_shape);
   AttentionInputs in = core_inputs_of(qkv, edit_mask, attn_mask, E, w_in, w_x, heads);
   draw_dropout(dropout, in);
-  std::vector<Tensor> saved = core_forward(in, precision);
+  std::vector<Tensor> saved = core_forward(in, precision, bias_in_copy ? qkv_bias : Tensor());
   const Tensor o = saved[kO];
   const autograd::GradMask m = autograd::grad_mask({x, qkv_weight, qkv_bias});
   saved.push_back(autograd::keep_if(m[1], x2));  // dW = dqkv^T x

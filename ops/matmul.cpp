@@ -116,7 +116,7 @@ void GemmKernels<Device::CPU>::gemm(const GemmProblem& p) {
 }
 
 template <>
-void GemmKernels<Device::CPU>::to_fp16(const std::vector<Tensor>&, const Fp16Group&) {
+void GemmKernels<Device::CPU>::to_fp16(const std::vector<Tensor>&, const std::vector<Tensor>&, const Fp16Group&) {
   TG_FAIL("to_fp16: fp16 GEMM operands exist on CUDA only");
 }
 
@@ -187,12 +187,26 @@ void convert_to_fp16(const std::vector<Tensor>& xs, const Fp16Group& group) {
              ": matrix ", i, " ", xs[i].shape(), " on ", xs[i].device(), " into a group made for [", m.rows, ", ",
              m.cols, "] on ", group.scalars.device());
   }
-  TG_DISPATCH_DEVICE(xs[0], GemmKernels, to_fp16, xs, group);
+  TG_DISPATCH_DEVICE(xs[0], GemmKernels, to_fp16, xs, std::vector<Tensor>(xs.size()), group);
 }
 
-Fp16Group to_fp16(const std::vector<Tensor>& xs) {
-  Fp16Group group = allocate_fp16_group("to_fp16", xs);
-  TG_DISPATCH_DEVICE(xs[0], GemmKernels, to_fp16, xs, group);
+Fp16Group to_fp16(const std::vector<Tensor>& xs, const std::vector<Tensor>& column_biases) {
+  const char* op = "to_fp16";
+  Fp16Group group = allocate_fp16_group(op, xs);
+  TG_CHECK(column_biases.empty() || column_biases.size() == xs.size(), op, ": ", column_biases.size(),
+           " column biases for ", xs.size(), " matrices (none, or one per matrix)");
+  std::vector<Tensor> biases(xs.size());
+  for (size_t i = 0; i < column_biases.size(); ++i) {
+    const Tensor& b = column_biases[i];
+    if (!b.defined()) continue;
+    TG_CHECK(b.dtype() == DType::Float32 && b.is_contiguous() && b.shape() == Shape{xs[i].size(1)} &&
+                 b.device() == xs[i].device(),
+             op, ": the column bias of matrix ", i, " ", xs[i].shape(), " must be a contiguous float32 [",
+             xs[i].size(1), "] on ", xs[i].device(), "; got ", dtype_name(b.dtype()), " ", b.shape(), " on ",
+             b.device());
+    biases[i] = b;
+  }
+  TG_DISPATCH_DEVICE(xs[0], GemmKernels, to_fp16, xs, biases, group);
   return group;
 }
 

@@ -76,11 +76,15 @@ struct Fp16Batch {
   const float* x[kMaxFp16Group];
   __half* out[kMaxFp16Group];
   int64_t n[kMaxFp16Group];
-  bool aligned[kMaxFp16Group];  // x 16-byte aligned: quads load as one vector
+  const float* bias[kMaxFp16Group];  // optional [cols]: x + bias (each row) is converted
+  int64_t cols[kMaxFp16Group];
+  bool aligned[kMaxFp16Group];  // x (and bias, with cols % 4 == 0) 16-byte aligned: quads load as one vector
   unsigned* amax;               // [count]: max |x| as bits (ordered like the values when >= 0)
   float* first_scale;           // [count]: the scale of the first conversion, from a sample
   float* scalars;               // Fp16Group::scalars
   int count;
+  __device__ float element(int t, int64_t i) const { return batch_bias(t, i) + x[t][i]; }
+  __device__ float batch_bias(int t, int64_t i) const { return bias[t] ? bias[t][i % cols[t]] : 0.f; }
 };
 
 // The scale kept for a matrix whose largest finite |x| is amax and whose
@@ -103,7 +107,7 @@ __global__ void __launch_bounds__(kFp16Samples) sample_scale_kernel(const __grid
   const int64_t n = batch.n[t];
   float m = 0.f;
   for (int64_t k = threadIdx.x; k < kFp16Samples && k < n; k += blockDim.x)
-    m = fmaxf(m, finite_abs(batch.x[t][fp16_sample_index(k, n)]));
+    m = fmaxf(m, finite_abs(batch.element(t, fp16_sample_index(k, n))));
   m = block_max(m);
   if (threadIdx.x == 0) {
     batch.amax[t] = 0u;
@@ -115,19 +119,30 @@ __global__ void __launch_bounds__(kFp16Samples) sample_scale_kernel(const __grid
 // the largest finite |x| this thread saw.
 __device__ float convert(const Fp16Batch& batch, int t, float scale) {
   const float* x = batch.x[t];
-  const int64_t n = batch.n[t];
+  const float* bias = batch.bias[t];
+  const int64_t n = batch.n[t], cols = batch.cols[t], step = int64_t(gridDim.x) * blockDim.x;
   __half* out = batch.out[t];
   float m = 0.f;
-  for (int64_t q = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; 4 * q < n; q += int64_t(gridDim.x) * blockDim.x) {
+  int64_t q = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  // With a bias: the column of element 4q, advanced by the loop's step
+  // modulo cols (one division per thread, not one per quad).
+  const int64_t col_step = bias ? (4 * step) % cols : 0;
+  int64_t col = bias ? (4 * q) % cols : 0;
+  for (; 4 * q < n; q += step, col = col + col_step < cols ? col + col_step : col + col_step - cols) {
     if (batch.aligned[t] && 4 * q + 4 <= n) {
-      const float4 v = reinterpret_cast<const float4*>(x)[q];
+      float4 v = reinterpret_cast<const float4*>(x)[q];
+      if (bias) {  // aligned: cols % 4 == 0, so the quad is in one row
+        const float4 c = *reinterpret_cast<const float4*>(bias + col);
+        v = make_float4(c.x + v.x, c.y + v.y, c.z + v.z, c.w + v.w);
+      }
       m = fmaxf(m, finite_abs_max(v));
       reinterpret_cast<__half2*>(out)[2 * q] = __floats2half2_rn(v.x * scale, v.y * scale);
       reinterpret_cast<__half2*>(out)[2 * q + 1] = __floats2half2_rn(v.z * scale, v.w * scale);
     } else {
       for (int64_t i = 4 * q; i < n && i < 4 * q + 4; ++i) {
-        m = fmaxf(m, finite_abs(x[i]));
-        out[i] = __float2half_rn(x[i] * scale);
+        const float v = batch.element(t, i);
+        m = fmaxf(m, finite_abs(v));
+        out[i] = __float2half_rn(v * scale);
       }
     }
   }
@@ -203,7 +218,8 @@ void GemmKernels<Device::CUDA>::gemm(const GemmProblem& p) {
 }
 
 template <>
-void GemmKernels<Device::CUDA>::to_fp16(const std::vector<Tensor>& xs, const Fp16Group& out) {
+void GemmKernels<Device::CUDA>::to_fp16(const std::vector<Tensor>& xs, const std::vector<Tensor>& column_biases,
+                                        const Fp16Group& out) {
   using namespace cuda;
   const int count = static_cast<int>(xs.size());
   Fp16Batch batch{};
@@ -216,7 +232,10 @@ void GemmKernels<Device::CUDA>::to_fp16(const std::vector<Tensor>& xs, const Fp1
     batch.x[t] = xs[t].data<float>();
     batch.out[t] = reinterpret_cast<__half*>(out.matrices[t].values.data<float>());
     batch.n[t] = xs[t].numel();
-    batch.aligned[t] = aligned16(xs[t].raw_data());
+    batch.bias[t] = column_biases[t].defined() ? column_biases[t].data<float>() : nullptr;
+    batch.cols[t] = xs[t].size(1);
+    batch.aligned[t] =
+        aligned16(xs[t].raw_data()) && (!batch.bias[t] || (batch.cols[t] % 4 == 0 && aligned16(batch.bias[t])));
     largest = std::max(largest, batch.n[t]);
   }
   const int quads = grid_for((largest + 3) / 4);

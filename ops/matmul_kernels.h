@@ -90,7 +90,11 @@ TG_HD void write_fp16_group_scalars(float* scalars, int count, int t, const Inve
   if (t == 0) scalars[kFp16Beta] = 0.f;
   if (t < count) scalars[kFp16BoundScales + t] = bound(t);
 }
-Fp16Group to_fp16(const std::vector<Tensor>& xs);  // CUDA float32, contiguous 2-D
+// CUDA float32, contiguous 2-D. column_biases: none, or one per matrix
+// (undefined, or [cols] float32 added to every row of its matrix before the
+// conversion, as if converting x + b, so that a projection's bias needs no
+// pass of its own over the float product).
+Fp16Group to_fp16(const std::vector<Tensor>& xs, const std::vector<Tensor>& column_biases = {});
 // to_fp16 in two steps, for a conversion queued where nothing may be
 // allocated (a cuda::Fork's side work): fp16_group checks xs and allocates
 // their group, convert_to_fp16 (which allocates nothing) fills it.
@@ -114,7 +118,8 @@ std::vector<Tensor> linear_backward(Tensor g2, const Tensor& x2, const Tensor& w
 template <Device D>
 struct GemmKernels {
   static void gemm(const GemmProblem& p);  // k >= 1
-  static void to_fp16(const std::vector<Tensor>& xs, const Fp16Group& out);  // CUDA only
+  static void to_fp16(const std::vector<Tensor>& xs, const std::vector<Tensor>& column_biases,
+                      const Fp16Group& out);  // CUDA only; column_biases: one per matrix, undefined for none
   static void gemm_fp16(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b,
                         const Tensor& c);  // CUDA only
 };

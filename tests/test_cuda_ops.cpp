@@ -216,6 +216,27 @@ TEST_CASE("cuda/to_fp16 in two steps equals to_fp16" * doctest::skip(kNoGpu)) {
   for (size_t i = 0; i < xs.size(); ++i) CHECK(max_abs_diff(steps.matrices[i].values, whole.matrices[i].values, true) == 0);
 }
 
+// A column bias added in the conversion gives to_fp16 of x + b bit for bit:
+// quads read as vectors (cols % 4 == 0) on a matrix larger than one pass of
+// the grid (the column advanced per step, wrapping), elements one by one
+// (cols % 4 != 0), a bias that sets the scale, and a matrix without one.
+TEST_CASE("cuda/to_fp16 with column biases equals to_fp16 of x + b" * doctest::skip(kNoGpu)) {
+  const std::vector<tg::Tensor> xs = {tg::randn({1500, 1000}).cuda(), tg::mul(tg::randn({33, 5}), 1e-3).cuda(),
+                                      tg::randn({64, 64}).cuda()};
+  const std::vector<tg::Tensor> biases = {tg::randn({1000}).cuda(), tg::mul(tg::randn({5}), 1e3).cuda(), tg::Tensor()};
+  const tg::Fp16Group fused = tg::to_fp16(xs, biases);
+  const tg::Fp16Group added = tg::to_fp16({tg::add(xs[0], biases[0]), tg::add(xs[1], biases[1]), xs[2]});
+  CHECK(max_abs_diff(fused.scalars, added.scalars, true) == 0);
+  for (size_t i = 0; i < xs.size(); ++i) {
+    CAPTURE(i);
+    CHECK(max_abs_diff(fused.matrices[i].values, added.matrices[i].values, true) == 0);
+  }
+  CHECK(max_abs_diff(fused.scalars, tg::to_fp16(xs).scalars, true) > 0);  // the biases changed the scales
+  CHECK_THROWS_WITH(tg::to_fp16(xs, {biases[0]}), doctest::Contains("to_fp16: 1 column biases for 3 matrices"));
+  CHECK_THROWS_WITH(tg::to_fp16({xs[1]}, {biases[0]}),
+                    doctest::Contains("to_fp16: the column bias of matrix 0 [33,5] must be a contiguous float32 [5]"));
+}
+
 // cuda::Fork: the side work starts after everything queued before the fork
 // (its first copy reads `a`, which ends a long queue of fills on the stream,
 // so that a missing wait reads a -1 or the previous round), and the stream's
