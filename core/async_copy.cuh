@@ -21,6 +21,12 @@ __device__ __forceinline__ void copy16(void* dst, const void* src, bool valid) {
                : "memory");
 }
 
+// 16 bytes that are all there to read: the form without a source size, for
+// whole tiles, which needs no per-copy select or predicate.
+__device__ __forceinline__ void copy16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address(dst)), "l"(src) : "memory");
+}
+
 // 4 bytes.
 __device__ __forceinline__ void copy4(float* dst, const float* src, bool valid) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(shared_address(dst)), "l"(src),

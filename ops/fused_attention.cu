@@ -108,6 +108,12 @@ __device__ void copy_head_rows(const HeadRows<const T>& x, int64_t b, int64_t h,
   using Chunks = HeadChunks<kThreads, T>;
   const int col = Chunks::col();
   const T* from = x.row(b, h, row0 + Chunks::first_row()) + col;
+  if (row0 + n <= S) {  // every row exists: no per-row test (the common case, and most of the copies' instructions)
+#pragma unroll
+    for (int r = Chunks::first_row(); r < n; r += Chunks::kRowStep, from += Chunks::kRowStep * x.ss)
+      async::copy16(dst + dst_row(r) * stride + col, from);
+    return;
+  }
   for (int r = Chunks::first_row(); r < n; r += Chunks::kRowStep, from += Chunks::kRowStep * x.ss) {
     const bool valid = row0 + r < S;
     async::copy16(dst + dst_row(r) * stride + col, valid ? from : x.ptr, valid);
@@ -131,6 +137,12 @@ __device__ void copy_tile(const float* src, int64_t ld, int64_t rows, int64_t co
     static_assert(kThreads % kPerRow == 0 && kRows % kRowStep == 0, "every thread walks the same number of rows");
     const int r0 = threadIdx.x / kPerRow, c = 4 * (threadIdx.x % kPerRow), inside = n_cols - c;  // of its 4 columns
     const float* from = src + r0 * ld + c;
+    if (n_rows == kRows && n_cols == kCols) {  // a whole tile: no per-row test
+#pragma unroll
+      for (int k = 0; k < kRows / kRowStep; ++k, from += kRowStep * ld)
+        async::copy16(dst + (r0 + k * kRowStep) * dst_stride + c, from);
+      return;
+    }
 #pragma unroll
     for (int k = 0; k < kRows / kRowStep; ++k, from += kRowStep * ld) {
       const int r = r0 + k * kRowStep;
