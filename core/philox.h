@@ -110,9 +110,12 @@ TG_HD uint64_t dropout_block(int64_t row, int64_t col, int64_t cols) {
   return static_cast<uint64_t>(row) * static_cast<uint64_t>((cols + kDropoutBlockCols - 1) / kDropoutBlockCols) +
          static_cast<uint64_t>(col / kDropoutBlockCols);
 }
-// Column col's 16-bit draw in its block.
+// Column col's 16-bit draw in its block: lane (col % 8) / 2 picked by
+// selects, not an index (a register array indexed at run time goes to local
+// memory on the GPU), then its low or high half.
 TG_HD uint32_t dropout_draw(const Philox4& block, int64_t col) {
-  return (block.v[(col % kDropoutBlockCols) / 2] >> (16 * (col % 2))) & 0xffffu;
+  const uint32_t lane = col & 4 ? (col & 2 ? block.v[3] : block.v[2]) : (col & 2 ? block.v[1] : block.v[0]);
+  return col & 1 ? lane >> 16 : lane & 0xffffu;
 }
 TG_HD uint32_t dropout_bits(PhiloxState s, int64_t row, int64_t col, int64_t cols) {
   return dropout_draw(philox_block(s, dropout_block(row, col, cols)), col);
