@@ -2,8 +2,8 @@
 // Philox (seed, offset, and the element's row and column in the tensor seen
 // as rows of its last dim: core/philox.h, dropout_bits) — never stored — or
 // given explicitly as a 0/1 tensor. keep = uniform >= p, the uniform a 16-bit
-// draw over 2^16, so p acts rounded up to a multiple of 2^-16
-// (dropout_keep_threshold). Dropout is linear in x, so its backward is the same op on g:
+// draw over 2^16, so p acts rounded up to a multiple of 2^-16 (at most
+// 1 - 2^-16: dropout_keep_threshold). Dropout is linear in x, so its backward is the same op on g:
 //
 //   x <- g * keep / (1 - p)
 //

@@ -513,7 +513,7 @@ Tensor fused_qkv_attention(const Tensor& x, const Tensor& qkv_weight, const Tens
   const Tensor qkv = linear_forward(op, x2, w, bias_in_copy ? Tensor() : qkv_bias, precision, half).view(qkv_shape);
   AttentionInputs in = core_inputs_of(qkv, edit_mask, attn_mask, E, w_in, w_x, heads);
   draw_dropout(dropout, in);
-  std::vector<Tensor> saved = core_forward(in, precision, bias_in_copy ? qkv_bias : Tensor());
+  std::vector<Tensor> saved = core_forward(in, precision, bias_in_copy ? materialize(qkv_bias) : Tensor());
   const Tensor o = saved[kO];
   const autograd::GradMask m = autograd::grad_mask({x, qkv_weight, qkv_bias});
   saved.push_back(autograd::keep_if(m[1], x2));  // dW = dqkv^T x

@@ -238,14 +238,16 @@ __device__ __forceinline__ void xor_permute(uint32_t (&x)[4], int u) {
   for (int k = 0; k < 4; ++k) x[k] = u & 2 ? y[k ^ 2] : y[k];
 }
 
-// The dropout draws of the four Philox blocks of a quad of lanes (u = 0 .. 3
-// at lane ^ (u' << shift) for the others): together they hold rows a = 0, 1
-// of two tiles n = 0, 1 of the [B,H,S,S] mask at the same 8 columns (one
-// block each, core/philox.h), lane u columns 2u and 2u + 1, that is lane u
-// of every block. Lane u draws the block of (a, n) = (u & 1, u >> 1),
-// `block`, and sends lane u ^ k (k = 1 .. 3) the lane of it that one needs,
-// so each block is drawn once. bits[a + 2n]: lane u of the block of (a, n).
-// Without dropout every element is kept (all ones).
+// The dropout draws of the four Philox blocks of a quad of lanes: the lanes
+// lane ^ (k << shift), k = 0 .. 3, the lane with quad index u (0 .. 3) at k
+// = u ^ (this lane's u). The quad holds four 8-column pieces of rows of the
+// [B,H,S,S] mask, one Philox block each (core/philox.h), indexed (a, n), a,
+// n = 0, 1 (the forward: row a of key tile n; the backward: query a of query
+// tile n), and lane u holds columns 2u and 2u + 1 of each, that is lane u of
+// every block. Lane u draws the block of (a, n) = (u & 1, u >> 1), `block`,
+// and sends the lane u ^ k the lane of it that one needs, so each block is
+// drawn once. bits[a + 2n]: lane u of the block of (a, n). Without dropout
+// every element is kept (all ones).
 __device__ __forceinline__ void quad_draws(const ScoreArgs& sc, uint64_t block, int u, int shift,
                                            uint32_t (&bits)[4]) {
   if (!sc.dropout) {
@@ -467,7 +469,7 @@ __global__ void __launch_bounds__(kFwdThreads, ForwardLayout<Mma>::kMinCtasPerSm
 //   dV += Pd^T dO;   dK += dS^T Q                   (accumulators used as A)
 // then dS goes through shared memory for dQ = dS K and the batch sum of dE,
 // both added atomically. A warp's 16 rows are keys 2r and 2r+1 at fragment
-// rows r and r + 8, so a thread's two rows share a Philox group.
+// rows r and r + 8, so a thread's two rows are neighbouring columns of one Philox block.
 //
 // Loads are cp.async groups, issued ahead of their use: this tile's S x S
 // input (P, or the edit_region_bias corner) while dPd^T is computed; the next

@@ -83,8 +83,8 @@ struct Fp16Batch {
   float* first_scale;           // [count]: the scale of the first conversion, from a sample
   float* scalars;               // Fp16Group::scalars
   int count;
-  __device__ float element(int t, int64_t i) const { return batch_bias(t, i) + x[t][i]; }
-  __device__ float batch_bias(int t, int64_t i) const { return bias[t] ? bias[t][i % cols[t]] : 0.f; }
+  // Element i of matrix t as converted: x plus its column's bias, if any (x alone stays x, -0 included).
+  __device__ float element(int t, int64_t i) const { return bias[t] ? bias[t][i % cols[t]] + x[t][i] : x[t][i]; }
 };
 
 // The scale kept for a matrix whose largest finite |x| is amax and whose

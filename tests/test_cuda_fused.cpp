@@ -402,6 +402,25 @@ TEST_CASE("fused/qkv projection in the node at high: the same as linear_fp16 the
   }
 }
 
+// At "high" the node adds qkv's bias inside its fp16 conversion, which reads
+// a contiguous bias: a view it cannot read as it is (expanded, stride 0) is
+// made contiguous first, and the forward equals the one with the copy.
+TEST_CASE("fused/qkv projection in the node at high: an expanded qkv bias gives what its copy gives" * doctest::skip(kNoGpu)) {
+  tg::manual_seed(107);
+  const int64_t B = 2, S = 40, C = 128, H = 2;
+  const PrecisionScope scope("high");
+  const tg::Tensor x = tg::randn({B, S, C}).cuda(), w = tg::mul(tg::randn({3 * C, C}), 0.06).cuda();
+  const tg::Tensor expanded = tg::randn({1}).cuda().expand({3 * C});
+  REQUIRE(!expanded.is_contiguous());
+  const tg::Tensor E = tg::mul(tg::randn({H, S, S}), 0.3).cuda();
+  const tg::Tensor w_in = tg::randn({H, 1, 1}).cuda(), w_x = tg::randn({H, 1, 1}).cuda();
+  const tg::Tensor e = tg::dropout_mask({B, S}, 0.5, {4, 1}).cuda(), a = tg::ones({B, S}).cuda();
+  const tg::DropoutOptions drop{0.1, tg::PhiloxState{31, 8}};
+  const tg::Tensor o_view = tg::fused_qkv_attention(x, w, expanded, e, a, E, w_in, w_x, H, drop);
+  const tg::Tensor o_copy = tg::fused_qkv_attention(x, w, expanded.contiguous(), e, a, E, w_in, w_x, H, drop);
+  CHECK(max_abs_diff(o_view, o_copy) == 0.0);
+}
+
 // The kernels' grids hold the (b, h) pairs in blockIdx.y (at most 65535): more
 // is a clear error before any output is written.
 TEST_CASE("fused/more (b, h) pairs than the CUDA grid holds is an error, outputs untouched" * doctest::skip(kNoGpu)) {

@@ -219,20 +219,31 @@ TEST_CASE("cuda/to_fp16 in two steps equals to_fp16" * doctest::skip(kNoGpu)) {
 // A column bias added in the conversion gives to_fp16 of x + b bit for bit:
 // quads read as vectors (cols % 4 == 0) on a matrix larger than one pass of
 // the grid (the column advanced per step, wrapping), elements one by one
-// (cols % 4 != 0), a bias that sets the scale, and a matrix without one.
+// (cols % 4 != 0), a bias that sets the scale, a matrix without one, and a
+// max the sample misses (the rescale pass adds the bias too).
 TEST_CASE("cuda/to_fp16 with column biases equals to_fp16 of x + b" * doctest::skip(kNoGpu)) {
+  const int64_t rows = 512, cols = 64, n = rows * cols;
+  std::vector<bool> sampled(size_t(n), false);
+  for (int64_t k = 0; k < tg::kFp16Samples; ++k) sampled[size_t(tg::fp16_sample_index(k, n))] = true;
+  std::vector<double> unseen_max = tg::mul(tg::randn({rows, cols}), 1e-3).to_vector();
+  size_t unseen = 0;
+  while (sampled[unseen]) ++unseen;
+  unseen_max[unseen] = 1e4;
   const std::vector<tg::Tensor> xs = {tg::randn({1500, 1000}).cuda(), tg::mul(tg::randn({33, 5}), 1e-3).cuda(),
-                                      tg::randn({64, 64}).cuda()};
-  const std::vector<tg::Tensor> biases = {tg::randn({1000}).cuda(), tg::mul(tg::randn({5}), 1e3).cuda(), tg::Tensor()};
+                                      tg::randn({64, 64}).cuda(),
+                                      tg::from_vector(unseen_max, {rows, cols}, {tg::DType::Float32}).cuda()};
+  const std::vector<tg::Tensor> biases = {tg::randn({1000}).cuda(), tg::mul(tg::randn({5}), 1e3).cuda(), tg::Tensor(),
+                                          tg::mul(tg::randn({cols}), 1e-3).cuda()};
   const tg::Fp16Group fused = tg::to_fp16(xs, biases);
-  const tg::Fp16Group added = tg::to_fp16({tg::add(xs[0], biases[0]), tg::add(xs[1], biases[1]), xs[2]});
+  const tg::Fp16Group added = tg::to_fp16(
+      {tg::add(xs[0], biases[0]), tg::add(xs[1], biases[1]), xs[2], tg::add(xs[3], biases[3])});
   CHECK(max_abs_diff(fused.scalars, added.scalars, true) == 0);
   for (size_t i = 0; i < xs.size(); ++i) {
     CAPTURE(i);
     CHECK(max_abs_diff(fused.matrices[i].values, added.matrices[i].values, true) == 0);
   }
   CHECK(max_abs_diff(fused.scalars, tg::to_fp16(xs).scalars, true) > 0);  // the biases changed the scales
-  CHECK_THROWS_WITH(tg::to_fp16(xs, {biases[0]}), doctest::Contains("to_fp16: 1 column biases for 3 matrices"));
+  CHECK_THROWS_WITH(tg::to_fp16(xs, {biases[0]}), doctest::Contains("to_fp16: 1 column biases for 4 matrices"));
   CHECK_THROWS_WITH(tg::to_fp16({xs[1]}, {biases[0]}),
                     doctest::Contains("to_fp16: the column bias of matrix 0 [33,5] must be a contiguous float32 [5]"));
 }
