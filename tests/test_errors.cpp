@@ -1,5 +1,6 @@
 // Bad input gives a tg::Error naming the op, the argument and the shapes.
 #include "helpers.h"
+#include "ops/matmul_kernels.h"
 
 using namespace tgtest;
 
@@ -91,4 +92,16 @@ TEST_CASE("errors/devices without CUDA" * doctest::skip(tg::cuda::is_available()
   } else {
     CHECK(contains(error_of([] { tg::zeros({2}).cuda(); }), "built without CUDA"));
   }
+}
+
+// to_fp16 checks its arguments before dispatching, so a CPU call reaches the
+// column-bias check (and only a valid one reaches the CPU's "CUDA only").
+TEST_CASE("errors/to_fp16 checks each column bias before the device") {
+  const tg::Tensor x = tg::zeros({3, 5});
+  CHECK(error_of([&] { tg::to_fp16({x}, {tg::zeros({3})}); }) ==
+        "to_fp16: the column bias of matrix 0 [3,5] must be a contiguous float32 [5] on cpu; got float32 [3] on cpu");
+  CHECK(contains(error_of([&] { tg::to_fp16({x}, {tg::zeros({5}, {tg::DType::Float64})}); }), "got float64 [5]"));
+  CHECK(contains(error_of([&] { tg::to_fp16({x}, {tg::zeros({1, 5})}); }), "got float32 [1,5]"));
+  CHECK(contains(error_of([&] { tg::to_fp16({x, x}, {tg::zeros({5})}); }), "1 column biases for 2 matrices"));
+  CHECK(contains(error_of([&] { tg::to_fp16({x}, {tg::zeros({5})}); }), "exist on CUDA only"));
 }
