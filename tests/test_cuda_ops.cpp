@@ -49,6 +49,25 @@ std::string run_self(const std::string& args, int& status) {
   return out;
 }
 
+// Which elements of an n-element matrix to_fp16's sample reads.
+std::vector<bool> sampled_elements(int64_t n) {
+  std::vector<bool> sampled(size_t(n), false);
+  for (int64_t k = 0; k < tg::kFp16Samples; ++k) sampled[size_t(tg::fp16_sample_index(k, n))] = true;
+  return sampled;
+}
+
+// 1e-3 N(0, 1) values of a rows x cols matrix, but for one 1e4 where the
+// sample does not look: the first conversion overflows it, so to_fp16
+// converts again at the scale of the true max.
+std::vector<double> with_unsampled_max(int64_t rows, int64_t cols) {
+  const std::vector<bool> sampled = sampled_elements(rows * cols);
+  std::vector<double> values = tg::mul(tg::randn({rows, cols}), 1e-3).to_vector();
+  size_t unseen = 0;
+  while (sampled[unseen]) ++unseen;
+  values[unseen] = 1e4;
+  return values;
+}
+
 }  // namespace
 
 #define TG_PARITY_TEST(name) \
@@ -151,13 +170,9 @@ TEST_CASE("cuda/gemm_fp16: TF32's accuracy at any magnitude, every transpose, tw
 // tiny elements it never sees (fp16 subnormals at the first scale, ~3e-8 off
 // where TF32 is ~5e-10 off). Either way the product keeps TF32's accuracy.
 TEST_CASE("cuda/gemm_fp16: a max the sample misses is converted again" * doctest::skip(kNoGpu)) {
-  const int64_t rows = 2048, cols = 256, n = rows * cols;
-  std::vector<bool> sampled(size_t(n), false);
-  for (int64_t k = 0; k < tg::kFp16Samples; ++k) sampled[size_t(tg::fp16_sample_index(k, n))] = true;
-  std::vector<double> huge = tg::mul(tg::randn({rows, cols}), 1e-3).to_vector();
-  size_t unseen = 0;
-  while (sampled[unseen]) ++unseen;
-  huge[unseen] = 1e4;
+  const int64_t rows = 2048, cols = 256;
+  const std::vector<bool> sampled = sampled_elements(rows * cols);
+  std::vector<double> huge = with_unsampled_max(rows, cols);  // not const: the loop below takes &huge and &tiny as one type
   std::vector<double> tiny = tg::mul(tg::randn({rows, cols}), 1e-6).to_vector();
   for (size_t i = 0; i < tiny.size(); ++i)
     if (sampled[i]) tiny[i] = 0.0;
@@ -222,13 +237,8 @@ TEST_CASE("cuda/to_fp16 in two steps equals to_fp16" * doctest::skip(kNoGpu)) {
 // (cols % 4 != 0), a bias that sets the scale, a matrix without one, and a
 // max the sample misses (the rescale pass adds the bias too).
 TEST_CASE("cuda/to_fp16 with column biases equals to_fp16 of x + b" * doctest::skip(kNoGpu)) {
-  const int64_t rows = 512, cols = 64, n = rows * cols;
-  std::vector<bool> sampled(size_t(n), false);
-  for (int64_t k = 0; k < tg::kFp16Samples; ++k) sampled[size_t(tg::fp16_sample_index(k, n))] = true;
-  std::vector<double> unseen_max = tg::mul(tg::randn({rows, cols}), 1e-3).to_vector();
-  size_t unseen = 0;
-  while (sampled[unseen]) ++unseen;
-  unseen_max[unseen] = 1e4;
+  const int64_t rows = 512, cols = 64;
+  const std::vector<double> unseen_max = with_unsampled_max(rows, cols);
   const std::vector<tg::Tensor> xs = {tg::randn({1500, 1000}).cuda(), tg::mul(tg::randn({33, 5}), 1e-3).cuda(),
                                       tg::randn({64, 64}).cuda(),
                                       tg::from_vector(unseen_max, {rows, cols}, {tg::DType::Float32}).cuda()};
