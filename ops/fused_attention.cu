@@ -65,7 +65,7 @@ struct ScoreArgs {
   int64_t B, H, S, M;
   float scale, keep_scale;  // keep_scale = 1/(1-p)
   uint32_t keep_high_threshold;  // dropout_keep_threshold(p) << 16 (dropout_keep_pair)
-  PhiloxDraw rng;           // in.rng's
+  PhiloxDraw rng;                // in.rng's round keys and offset
   bool dropout;
 };
 
