@@ -326,9 +326,10 @@ void draw_dropout(const DropoutOptions& dropout, AttentionInputs& in) {
 enum CoreSaved : size_t { kQ, kK, kV, kO, kLse, kEditMask, kAttnMask, kE, kWithin, kCross, kHalfValues, kHalfScalars,
                           kCoreSaved };
 
-// Whether the core's kernels read qkv's fp16 copy (CUDA, "high", a nonempty problem).
-bool core_reads_half_qkv(const Tensor& qkv, MatmulPrecision precision, const AttentionDims& d) {
-  return qkv.is_cuda() && precision == MatmulPrecision::High && d.B * d.H * d.S > 0;
+// Whether the core's kernels read qkv's fp16 copy (CUDA, "high", a nonempty
+// problem: B H S rows of queries).
+bool core_reads_half_qkv(const Tensor& qkv, MatmulPrecision precision, int64_t query_rows) {
+  return qkv.is_cuda() && precision == MatmulPrecision::High && query_rows > 0;
 }
 
 // The core's forward on checked inputs: o [B,S,C] and the log-sum-exp
@@ -339,7 +340,7 @@ bool core_reads_half_qkv(const Tensor& qkv, MatmulPrecision precision, const Att
 std::vector<Tensor> core_forward(AttentionInputs& in, MatmulPrecision precision, const Tensor& qkv_bias = {}) {
   const AttentionDims d = in.d;
   const TensorOptions opts{in.qkv.dtype(), in.qkv.device()};
-  const bool half_qkv = core_reads_half_qkv(in.qkv, precision, d);
+  const bool half_qkv = core_reads_half_qkv(in.qkv, precision, d.B * d.H * d.S);
   TG_CHECK(half_qkv || !qkv_bias.defined(), "fused attention (internal): a qkv bias for the fp16 copy, which ",
            "this call does not make");
   if (half_qkv) in.qkv_half = to_fp16({rows_view(in.qkv, 3 * d.H * d.D)}, {qkv_bias});
@@ -450,14 +451,9 @@ std::vector<Tensor> half_qkv_projection_backward(AttentionInputs& in, AttentionG
   Fp16Group group{{{dqkv_values, rows, 3 * C}}, empty({kFp16Scalars}, opts)};
   for (const Fp16Matrix& m : converted.matrices) group.matrices.push_back(m);
   TG_DISPATCH_DEVICE(dqkv_values, FusedAttentionKernels, half_qkv_scalars, kv, converted, group.scalars);
-  const auto product = [&](bool transpose_a, int b, Shape shape) {
-    Tensor c = empty(shape, opts);
-    gemm_fp16_into(group, 0, transpose_a, b, false, c);
-    return c;
-  };
   const int ix = 1, iw = needs[1] ? 2 : 1;  // group: dqkv, then x and w as converted
-  return {autograd::grad_if(needs[0], [&] { return product(false, iw, {rows, w.size(1)}); }),
-          autograd::grad_if(needs[1], [&] { return product(true, ix, {3 * C, x2.size(1)}); }),
+  return {autograd::grad_if(needs[0], [&] { return gemm_fp16(group, 0, false, iw, false); }),  // dx = dqkv W
+          autograd::grad_if(needs[1], [&] { return gemm_fp16(group, 0, true, ix, false); }),   // dW = dqkv^T x
           autograd::keep_if(needs[2], db)};
 }
 
@@ -508,8 +504,8 @@ Tensor fused_qkv_attention(const Tensor& x, const Tensor& qkv_weight, const Tens
   const bool half = x.is_cuda() && x.dtype() == DType::Float32 && precision == MatmulPrecision::High;
   const Tensor x2 = rows_view(materialize(x), x.size(2)), w = half ? materialize(qkv_weight) : qkv_weight;
   // Where the core reads only qkv's fp16 copy, the bias goes into that conversion, not a pass over the float qkv.
-  const AttentionDims dims{qkv_shape[0], heads, qkv_shape[1], qkv_shape[2] / 3 / heads, E.size(1)};
-  const bool bias_in_copy = qkv_bias.defined() && half && core_reads_half_qkv(x, precision, dims);
+  const bool bias_in_copy =
+      qkv_bias.defined() && half && core_reads_half_qkv(x, precision, qkv_shape[0] * heads * qkv_shape[1]);
   const Tensor qkv = linear_forward(op, x2, w, bias_in_copy ? Tensor() : qkv_bias, precision, half).view(qkv_shape);
   AttentionInputs in = core_inputs_of(qkv, edit_mask, attn_mask, E, w_in, w_x, heads);
   draw_dropout(dropout, in);

@@ -1,6 +1,7 @@
 #include "ops/matmul.h"
 
 #include <Eigen/Core>
+#include <utility>
 
 #include "autograd/engine.h"
 #include "core/indexing.h"
@@ -210,10 +211,19 @@ Fp16Group to_fp16(const std::vector<Tensor>& xs, const std::vector<Tensor>& colu
   return group;
 }
 
-void gemm_fp16_into(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b, const Tensor& c) {
+namespace {
+
+// Matrices a and b of the group, which must hold them.
+std::pair<const Fp16Matrix&, const Fp16Matrix&> gemm_fp16_operands(const Fp16Group& group, int a, int b) {
   const int count = static_cast<int>(group.matrices.size());
   TG_CHECK(a >= 0 && a < count && b >= 0 && b < count, "gemm_fp16: matrices ", a, " and ", b, " of a group of ", count);
-  const Fp16Matrix &A = group.matrices[a], &B = group.matrices[b];
+  return {group.matrices[a], group.matrices[b]};
+}
+
+}  // namespace
+
+void gemm_fp16_into(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b, const Tensor& c) {
+  const auto [A, B] = gemm_fp16_operands(group, a, b);
   const int64_t n = transpose_a ? A.cols : A.rows, k = transpose_a ? A.rows : A.cols;
   const int64_t kb = transpose_b ? B.cols : B.rows, m = transpose_b ? B.rows : B.cols;
   TG_CHECK(k == kb && c.dim() == 2 && c.size(0) == n && c.size(1) == m && c.is_contiguous() &&
@@ -224,16 +234,24 @@ void gemm_fp16_into(const Fp16Group& group, int a, bool transpose_a, int b, bool
   TG_DISPATCH_DEVICE(c, GemmKernels, gemm_fp16, group, a, transpose_a, b, transpose_b, c);
 }
 
+Tensor gemm_fp16(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b) {
+  const auto [A, B] = gemm_fp16_operands(group, a, b);
+  const Tensor c = empty({transpose_a ? A.cols : A.rows, transpose_b ? B.rows : B.cols},
+                         {DType::Float32, A.values.device()});
+  gemm_fp16_into(group, a, transpose_a, b, transpose_b, c);
+  return c;
+}
+
 Tensor linear_forward(const char* op, const Tensor& x2, const Tensor& w, const Tensor& b, MatmulPrecision precision,
                       bool half) {
-  Tensor y2 = empty({x2.size(0), w.size(0)}, {x2.dtype(), x2.device()});
   if (half) {  // y = x W^T, then y += b: cuBLAS's fp16 GEMMs take twice as long with beta = 1 (bench/NOTES.md)
-    gemm_fp16_into(to_fp16({x2, w}), 0, false, 1, true, y2);
+    Tensor y2 = gemm_fp16(to_fp16({x2, w}), 0, false, 1, true);
     if (b.defined()) add_into(y2, b);
-  } else {
-    if (b.defined()) copy_into(y2, broadcast_view(op, b, y2.shape()));  // y = b, then y += x W^T
-    gemm_into(op, x2, transposed_view(w), y2, b.defined() ? 1.0 : 0.0, precision);
+    return y2;
   }
+  Tensor y2 = empty({x2.size(0), w.size(0)}, {x2.dtype(), x2.device()});
+  if (b.defined()) copy_into(y2, broadcast_view(op, b, y2.shape()));  // y = b, then y += x W^T
+  gemm_into(op, x2, transposed_view(w), y2, b.defined() ? 1.0 : 0.0, precision);
   return y2;
 }
 
@@ -252,17 +270,10 @@ Grads linear_backward(Tensor g2, const Tensor& x2, const Tensor& w, const GradMa
   const int ix = needs[1] ? int(matrices.size()) : -1;
   if (needs[1]) matrices.push_back(x2);
   const Fp16Group group = needs[0] || needs[1] ? to_fp16(matrices) : Fp16Group{};
-  const TensorOptions opts{g2.dtype(), g2.device()};
-  const int64_t rows = g2.size(0), out_features = g2.size(1);
   matrices.clear();
   g2 = Tensor();
-  const auto product = [&](int a, bool transpose_a, int b, Shape shape) {
-    Tensor c = empty(shape, opts);
-    gemm_fp16_into(group, a, transpose_a, b, false, c);
-    return c;
-  };
-  return Grads{grad_if(needs[0], [&] { return product(0, false, iw, {rows, w.size(1)}); }),
-               grad_if(needs[1], [&] { return product(0, true, ix, {out_features, x2.size(1)}); }), db};
+  return Grads{grad_if(needs[0], [&] { return gemm_fp16(group, 0, false, iw, false); }),   // dx = g W
+               grad_if(needs[1], [&] { return gemm_fp16(group, 0, true, ix, false); }), db};  // dW = g^T x
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b, MatmulPrecision precision) {

@@ -153,9 +153,7 @@ __device__ float convert(const Fp16Batch& batch, int t, float scale) {
 // then one atomicMax per block).
 __global__ void to_fp16_kernel(const __grid_constant__ Fp16Batch batch) {
   const int t = blockIdx.y;
-  float m = convert(batch, t, batch.first_scale[t]);
-  m = block_max(m);
-  if (threadIdx.x == 0) atomicMax(&batch.amax[t], __float_as_uint(m));
+  block_max_into(convert(batch, t, batch.first_scale[t]), &batch.amax[t]);
 }
 
 // Step 3: converts again the matrices whose first scale is not kept (none,

@@ -103,6 +103,8 @@ void convert_to_fp16(const std::vector<Tensor>& xs, const Fp16Group& group);
 // Untracked, CUDA: c = op(A) @ op(B) for matrices a and b of the group, op(x) =
 // x^T where transposed; fp32 accumulation and output, c [n, m] contiguous.
 void gemm_fp16_into(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b, const Tensor& c);
+// The same into a new float32 c [n, m].
+Tensor gemm_fp16(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b);
 
 // linear's two halves, untracked, for ops that hold a projection too: y2 =
 // x2 W^T + b (x2 [rows, in], w [out, in], b [out] or undefined), with half
