@@ -147,9 +147,7 @@ __device__ float convert(const Fp16Batch& batch, int t, float scale) {
 
 // Step 1: converts with the sampled scale (kept by block 0 for step 2) and
 // records each block's largest |x| (every block writes its slot; block 0
-// zeroes the slots past the grid, which nothing reads, so that the scalars
-// hold no leftover values). x must not overlap the output: a block that
-// starts late samples x after others have written.
+// zeroes the slots past the grid, so the scratch holds nothing stale).
 __global__ void to_fp16_kernel(const __grid_constant__ Fp16Batch batch) {
   const int t = blockIdx.y;
   const float scale = sampled_scale(batch, t);
@@ -169,9 +167,8 @@ __device__ float matrix_max(const Fp16Batch& batch, int t) {
 }
 
 // Step 2: converts again the matrices whose first scale is not kept (none,
-// for data whose sample is representative; every block then returns once it
-// has the block maxima); block (0, 0) writes the group's scalars
-// (Fp16Group::scalars).
+// for data whose sample is representative; every block then returns at
+// once); block (0, 0) writes the group's scalars (Fp16Group::scalars).
 __global__ void rescale_fp16_kernel(const __grid_constant__ Fp16Batch batch) {
   const int t = blockIdx.y;
   if (blockIdx.x == 0 && t == 0) {
