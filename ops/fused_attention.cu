@@ -961,8 +961,7 @@ __global__ void abs_max_kernel(const float4* x, int64_t quads, float* scratch) {
   for (int64_t q = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; q < quads; q += int64_t(gridDim.x) * blockDim.x) {
     m = fmaxf(m, finite_abs_max(x[q]));
   }
-  m = block_max(m);  // >= 0: non-negative floats order like their bits
-  if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned*>(scratch + 1), __float_as_uint(m));
+  block_max_into(m, reinterpret_cast<unsigned*>(scratch + 1));
 }
 
 // The exponent every part of qkv's gradient is stored at: the smallest of

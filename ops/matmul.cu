@@ -79,11 +79,10 @@ struct Fp16Batch {
   const float* bias[kMaxFp16Group];  // optional [cols]: x + bias (each row) is converted
   int64_t cols[kMaxFp16Group];
   bool aligned[kMaxFp16Group];  // x (and bias, with cols % 4 == 0) 16-byte aligned: quads load as one vector
+  unsigned* amax;               // [count]: max |x| as bits (ordered like the values when >= 0)
   float* first_scale;           // [count]: the scale of the first conversion, from a sample
-  float* block_max;             // [count][kFp16Blocks]: each conversion block's largest finite |x|
   float* scalars;               // Fp16Group::scalars
   int count;
-  int blocks;  // step 1's blocks per matrix, at most kFp16Blocks
   // Element i of matrix t as converted: x plus its column's bias, if any (x alone stays x, -0 included).
   __device__ float element(int t, int64_t i) const { return bias[t] ? bias[t][i % cols[t]] + x[t][i] : x[t][i]; }
 };
@@ -92,23 +91,28 @@ struct Fp16Batch {
 // first conversion used `first`: `first` when it puts amax in [2^8, 2^14)
 // (or the matrix holds no finite nonzero), else the scale that puts it in
 // [2^13, 2^14).
-__device__ __forceinline__ float kept_scale(float amax, float first) {
-  const float scaled = amax * first;
+__device__ __forceinline__ float kept_scale(unsigned amax_bits, float first) {
+  const float amax = __uint_as_float(amax_bits), scaled = amax * first;
   if (amax == 0.f || (scaled >= 0x1p8f && scaled < 0x1p14f)) return first;
   return scale_below(amax, 14);
 }
 
-// The first scale of matrix t, from a sample of kFp16Samples elements spread
-// over it, so that the sample's largest |x| lands in [2^8, 2^9): the whole
-// matrix's largest then stays in the kept window [2^8, 2^14) while it is
-// under 32 times the sample's. Every block of the conversion computes it (the
-// same value) instead of waiting for a kernel of its own.
-__device__ float sampled_scale(const Fp16Batch& batch, int t) {
+// Step 1, one block per matrix: zeroes its max and picks the first scale
+// from a sample of kFp16Samples elements spread over it, so that the
+// sample's largest |x| lands in [2^8, 2^9): the whole matrix's largest then
+// stays in the kept window [2^8, 2^14) while it is under 32 times the sample's.
+static_assert(kFp16Samples <= 1024, "the sample kernel reads one element per thread");
+__global__ void __launch_bounds__(kFp16Samples) sample_scale_kernel(const __grid_constant__ Fp16Batch batch) {
+  const int t = blockIdx.y;
   const int64_t n = batch.n[t];
   float m = 0.f;
   for (int64_t k = threadIdx.x; k < kFp16Samples && k < n; k += blockDim.x)
     m = fmaxf(m, finite_abs(batch.element(t, fp16_sample_index(k, n))));
-  return scale_below(block_max(m), 9);
+  m = block_max(m);
+  if (threadIdx.x == 0) {
+    batch.amax[t] = 0u;
+    batch.first_scale[t] = scale_below(m, 9);
+  }
 }
 
 // x scale to fp16, four elements per thread, for matrix blockIdx.y; returns
@@ -145,40 +149,23 @@ __device__ float convert(const Fp16Batch& batch, int t, float scale) {
   return m;
 }
 
-// Step 1: converts with the sampled scale (kept by block 0 for step 2) and
-// records each block's largest |x| (every block writes its slot; block 0
-// zeroes the slots past the grid, so the scratch holds nothing stale).
+// Step 2: converts with the first scale and finds the true max (a block max,
+// then one atomicMax per block).
 __global__ void to_fp16_kernel(const __grid_constant__ Fp16Batch batch) {
   const int t = blockIdx.y;
-  const float scale = sampled_scale(batch, t);
-  if (blockIdx.x == 0) {
-    if (threadIdx.x == 0) batch.first_scale[t] = scale;
-    for (int k = batch.blocks + threadIdx.x; k < kFp16Blocks; k += blockDim.x) batch.block_max[t * kFp16Blocks + k] = 0.f;
-  }
-  const float m = block_max(convert(batch, t, scale));
-  if (threadIdx.x == 0) batch.block_max[t * kFp16Blocks + blockIdx.x] = m;
+  block_max_into(convert(batch, t, batch.first_scale[t]), &batch.amax[t]);
 }
 
-// Matrix t's largest finite |x|, from the blocks of step 1 (every thread gets it).
-__device__ float matrix_max(const Fp16Batch& batch, int t) {
-  float m = 0.f;
-  for (int k = threadIdx.x; k < batch.blocks; k += blockDim.x) m = fmaxf(m, batch.block_max[t * kFp16Blocks + k]);
-  return block_max(m);
-}
-
-// Step 2: converts again the matrices whose first scale is not kept (none,
+// Step 3: converts again the matrices whose first scale is not kept (none,
 // for data whose sample is representative; every block then returns at
 // once); block (0, 0) writes the group's scalars (Fp16Group::scalars).
 __global__ void rescale_fp16_kernel(const __grid_constant__ Fp16Batch batch) {
+  const auto scale = [&](int i) { return kept_scale(batch.amax[i], batch.first_scale[i]); };
   const int t = blockIdx.y;
-  if (blockIdx.x == 0 && t == 0) {
-    float amax[kMaxFp16Group];
-    for (int i = 0; i < batch.count; ++i) amax[i] = matrix_max(batch, i);
-    write_fp16_group_scalars(
-        batch.scalars, batch.count, threadIdx.x, [&](int i) { return 1.f / kept_scale(amax[i], batch.first_scale[i]); },
-        [&](int i) { return scale_below(amax[i], 14); });
-  }
-  const float kept = kept_scale(matrix_max(batch, t), batch.first_scale[t]);
+  if (blockIdx.x == 0 && t == 0)
+    write_fp16_group_scalars(batch.scalars, batch.count, threadIdx.x, [&](int i) { return 1.f / scale(i); },
+                             [&](int i) { return scale_below(__uint_as_float(batch.amax[i]), 14); });
+  const float kept = scale(t);
   if (kept != batch.first_scale[t]) convert(batch, t, kept);
 }
 
@@ -235,8 +222,8 @@ void GemmKernels<Device::CUDA>::to_fp16(const std::vector<Tensor>& xs, const std
   const int count = static_cast<int>(xs.size());
   Fp16Batch batch{};
   batch.scalars = out.scalars.data<float>();
-  batch.first_scale = batch.scalars + kFp16Scratch;
-  batch.block_max = batch.first_scale + kMaxFp16Group;
+  batch.amax = reinterpret_cast<unsigned*>(batch.scalars + kFp16Scratch);
+  batch.first_scale = batch.scalars + kFp16Scratch + kMaxFp16Group;
   batch.count = count;
   int64_t largest = 0;
   for (int t = 0; t < count; ++t) {
@@ -250,8 +237,9 @@ void GemmKernels<Device::CUDA>::to_fp16(const std::vector<Tensor>& xs, const std
     largest = std::max(largest, batch.n[t]);
   }
   const int quads = grid_for((largest + 3) / 4);
-  batch.blocks = std::min(quads, kFp16Blocks);
-  to_fp16_kernel<<<dim3(batch.blocks, count), kThreads, 0, stream()>>>(batch);
+  sample_scale_kernel<<<dim3(1, count), kFp16Samples, 0, stream()>>>(batch);  // one load per thread
+  check_launch("to_fp16 (sample)");
+  to_fp16_kernel<<<dim3(std::min(quads, 8 * context().sm_count), count), kThreads, 0, stream()>>>(batch);
   check_launch("to_fp16");
   rescale_fp16_kernel<<<dim3(std::min(quads, 2 * context().sm_count), count), kThreads, 0, stream()>>>(batch);
   check_launch("to_fp16 (rescale)");

@@ -46,12 +46,11 @@ void gemm_into(const char* op, const Tensor& a, const Tensor& b, const Tensor& c
 // it precision drops gradually below, and above 2^79 the largest elements
 // overflow to Inf.
 // One pass over x, usually: e comes from a sample of 1024 elements
-// (fp16_sample_index; their max put in [2^8, 2^9)), which every block of the
-// conversion reads for itself, the conversion finds the true max as it goes
-// (each block's), and a second kernel converts again, with e from the true max
-// (put in [2^13, 2^14)), only a matrix whose max left the window. A group of
-// up to kMaxFp16Group matrices takes one launch of each kernel; the second
-// also writes the cuBLAS alpha 2^-(e_i + e_j) of every pair. tapegrad has no fp16
+// (fp16_sample_index; their max put in [2^8, 2^9)), the conversion finds the true max as it goes, and a
+// third kernel converts again, with e from the true max (put in [2^13,
+// 2^14)), only a matrix whose max left the window. A group of up to
+// kMaxFp16Group matrices takes one launch of each kernel; the third also
+// writes the cuBLAS alpha 2^-(e_i + e_j) of every pair. tapegrad has no fp16
 // dtype: the elements are packed two per float32 and are read only by the
 // fp16 GEMMs and the attention kernels (ops/fused_attention.cu), which take
 // their scales from the scalars.
@@ -72,13 +71,11 @@ struct Fp16Group {
   // float32: the alpha of pair (i, j) at i kMaxFp16Group + j; 0 (beta) at
   // kFp16Beta; at kFp16BoundScales + i, 2^b_i with max |x_i| 2^b_i in [2^13,
   // 2^14), for bounds on products of the kernel's own (ops/fused_attention.cu);
-  // from kFp16Scratch the conversion's scratch: per matrix its first scale,
-  // then per matrix and conversion block (kFp16Blocks) the block's max |x|
+  // from kFp16Scratch the conversion's scratch (two values per matrix)
   Tensor scalars;
 };
 constexpr int kFp16Beta = kMaxFp16Group * kMaxFp16Group, kFp16BoundScales = kFp16Beta + 1,
-              kFp16Scratch = kFp16BoundScales + kMaxFp16Group, kFp16Blocks = 1024,
-              kFp16Scalars = kFp16Scratch + kMaxFp16Group * (1 + kFp16Blocks);
+              kFp16Scratch = kFp16BoundScales + kMaxFp16Group, kFp16Scalars = kFp16Scratch + 2 * kMaxFp16Group;
 // 1 / s_i of matrix i of a group, exactly (alpha(i, i) = 1 / s_i^2, s_i a power of two).
 TG_HD float fp16_inverse_scale(const float* scalars, int i) {
   return sqrtf(scalars[(kMaxFp16Group + 1) * i]);
