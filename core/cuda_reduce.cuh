@@ -122,4 +122,11 @@ __device__ inline float block_max(float v) {
   return block_reduce(v, [](float a, float b) { return fmaxf(a, b); }, 0.f);
 }
 
+// *amax_bits = max(*amax_bits, the block's largest m), every thread's m >= 0:
+// non-negative floats order like their bits, so one integer atomicMax per block.
+__device__ __forceinline__ void block_max_into(float m, unsigned* amax_bits) {
+  m = block_max(m);
+  if (threadIdx.x == 0) atomicMax(amax_bits, __float_as_uint(m));
+}
+
 }  // namespace tg::cuda

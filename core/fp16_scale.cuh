@@ -4,8 +4,6 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#include "core/cuda_reduce.cuh"
-
 namespace tg::cuda {
 
 // |v| for a finite v, else 0: an Inf or NaN converts to fp16 Inf or NaN at
@@ -24,13 +22,6 @@ __device__ __forceinline__ int scale_exponent(float amax, int top) {
   int exponent;
   frexpf(amax, &exponent);  // amax = f 2^exponent, f in [0.5, 1)
   return max(-63, min(top - exponent, 63));
-}
-
-// *amax_bits = max(*amax_bits, the block's largest m), every thread's m >= 0:
-// non-negative floats order like their bits, so one integer atomicMax per block.
-__device__ __forceinline__ void block_max_into(float m, unsigned* amax_bits) {
-  m = block_max(m);
-  if (threadIdx.x == 0) atomicMax(amax_bits, __float_as_uint(m));
 }
 
 // 2^scale_exponent(amax, top).
