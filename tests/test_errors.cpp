@@ -105,3 +105,24 @@ TEST_CASE("errors/to_fp16 checks each column bias before the device") {
   CHECK(contains(error_of([&] { tg::to_fp16({x, x}, {tg::zeros({5})}); }), "1 column biases for 2 matrices"));
   CHECK(contains(error_of([&] { tg::to_fp16({x}, {tg::zeros({5})}); }), "exist on CUDA only"));
 }
+
+// gemm_fp16 checks the group's indices and sizes its product from the
+// operands as op(A) op(B) would be: a consistent product gets past the
+// checks to the device (on the CPU, its "CUDA only"); an inconsistent one
+// names both sides.
+TEST_CASE("errors/gemm_fp16 checks its operands and sizes its product") {
+  const auto matrix = [](int64_t rows, int64_t cols) {
+    return tg::Fp16Matrix{tg::zeros({(rows * cols + 1) / 2}), rows, cols};
+  };
+  const tg::Fp16Group group{{matrix(6, 4), matrix(4, 3), matrix(6, 3)}, tg::zeros({tg::kFp16Scalars})};
+  CHECK(error_of([&] { tg::gemm_fp16(group, 0, false, 3, false); }) == "gemm_fp16: matrices 0 and 3 of a group of 3");
+  for (const auto& [a, transpose_a, b, transpose_b] : std::vector<std::tuple<int, bool, int, bool>>{
+           {0, false, 1, false}, {0, true, 2, false}, {2, true, 0, false}, {1, true, 0, true}, {2, false, 1, true}}) {
+    CAPTURE(a);
+    CAPTURE(b);
+    CHECK(error_of([&] { tg::gemm_fp16(group, a, transpose_a, b, transpose_b); }) ==
+          "gemm_fp16: fp16 GEMMs run on CUDA only");
+  }
+  CHECK(error_of([&] { tg::gemm_fp16(group, 0, false, 2, false); }) ==
+        "gemm_fp16: [6, 4] @ [6, 3] does not give c [6,3] (contiguous float32)");
+}
