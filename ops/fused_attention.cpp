@@ -278,8 +278,7 @@ void check_core_args(const char* op, const std::string& qkv, const Shape& qkv_sh
   TG_CHECK(e.shape() == Shape({B, S}) && a.shape() == Shape({B, S}), op, ": edit_mask and attn_mask must be [", B, ",",
            S, "], got ", e.shape(), " and ", a.shape());
   for (const Tensor* t : {&e, &a, &E, &w_in, &w_x}) check_same_dtype_device(op, like, *t);
-  check_binary_mask(op, "edit_mask", e);
-  check_binary_mask(op, "attn_mask", a);
+  check_binary_masks(op, {{"edit_mask", e}, {"attn_mask", a}});
   if (like.is_cuda()) {
     TG_CHECK(like.dtype() == DType::Float32, op, ": the CUDA kernels are float32; ", qkv, " ", qkv_shape, " is ",
              like.dtype());

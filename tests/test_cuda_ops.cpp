@@ -7,11 +7,14 @@
 // sync-debug mode that blames a faulting kernel.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <limits>
 
 #include "cuda_helpers.h"
 #include "op_table.h"
+#include "ops/binary_mask.h"
+#include "ops/binary_mask_kernels.h"
 #include "ops/matmul_kernels.h"
 #include "ops/untracked.h"
 #ifdef TG_CUDA
@@ -378,4 +381,49 @@ TEST_CASE("cuda/sync debug mode reports a faulting kernel by the op that launche
   CHECK(contains(error_of([] { tg::cuda::check(cudaErrorInvalidValue, "my_op", "cudaMemcpy(...)"); }),
                  "my_op: CUDA call cudaMemcpy(...) failed: cudaErrorInvalidValue"));
 #endif
+}
+
+// check_binary_mask's count on the device: the exact number of non-binary
+// elements (planted at random places among random 0/1 values, over many
+// blocks) added to its own slot of the counts, as the CPU counts them; and
+// the same errors as on the CPU, the first offending element named, for one
+// mask or several in one call (one device sync), contiguous or not.
+TEST_CASE("cuda/check_binary_mask" * doctest::skip(kNoGpu)) {
+  tg::manual_seed(31);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const auto coin_flips = [](int64_t n) {
+    std::vector<double> v = tg::rand({n}).to_vector();
+    for (double& x : v) x = x < 0.5 ? 0 : 1;
+    return v;
+  };
+  for (const tg::DType dtype : {tg::DType::Float32, tg::DType::Float64}) {
+    CAPTURE(dtype);
+    const int64_t n = 37 * 1001;
+    std::vector<double> values = coin_flips(n);
+    const std::vector<double> planted = {0.5, 2, -1, nan, 1e-30, 0.999999};
+    std::vector<int64_t> where;
+    for (size_t k = 0; k < 40; ++k) where.push_back(static_cast<int64_t>(tg::rand({1}).item() * n));
+    for (size_t k = 0; k < where.size(); ++k) values[where[k]] = planted[k % planted.size()];
+    const int64_t bad = std::count_if(values.begin(), values.end(), [](double v) { return !(v == 0 || v == 1); });
+    const tg::Tensor cpu = tg::from_vector(values, {37, 1001}).to(dtype);
+    for (const tg::Device device : {tg::Device::CPU, tg::Device::CUDA}) {
+      CAPTURE(device);
+      const tg::Tensor counts = tg::zeros({3}, {tg::DType::Float64, device});
+      TG_DISPATCH_DEVICE(counts, tg::BinaryMaskKernels, count_non_binary, cpu.to(device), counts, 1);
+      CHECK(counts.to_vector() == std::vector<double>{0, double(bad), 0});
+    }
+    const tg::Tensor good = tg::from_vector(coin_flips(n), {37, 1001}).to(dtype).cuda();
+    const tg::Tensor gpu = cpu.cuda();
+    const std::string expected = error_of([&] { tg::check_binary_mask("op", "m", cpu); });
+    CHECK(contains(expected, "op: m [37,1001] must hold only 0 and 1; element "));
+    CHECK(error_of([&] { tg::check_binary_mask("op", "m", gpu); }) == expected);
+    CHECK(error_of([&] { tg::check_binary_masks("op", {{"a", good}, {"m", gpu}}); }) == expected);
+    CHECK(error_of([&] { tg::check_binary_masks("op", {{"m", gpu}, {"a", good}}); }) == expected);
+    CHECK(error_of([&] { tg::check_binary_masks("op", {{"a", good}, {"b", good.transpose(0, 1)}}); }).empty());
+    const std::string transposed = error_of([&] { tg::check_binary_mask("op", "t", cpu.transpose(0, 1)); });
+    CHECK(contains(transposed, "op: t [1001,37] must hold only 0 and 1"));
+    CHECK(error_of([&] { tg::check_binary_mask("op", "t", gpu.transpose(0, 1)); }) == transposed);
+  }
+  CHECK(contains(error_of([] { tg::check_binary_masks("op", {{"a", tg::ones({2}).cuda()}, {"b", tg::ones({2})}}); }),
+                 "op: b is on cpu, a on cuda"));
 }

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "helpers.h"
+#include "ops/binary_mask.h"
 #include "ops/untracked.h"
 
 using namespace tgtest;
@@ -139,6 +140,13 @@ TEST_CASE("numerics/masks must hold only 0 and 1") {
   CHECK(error_of([] { tg::dropout(tg::ones({2, 2}), {0.5, std::nullopt, tg::from_vector({1, 0, 3, 1}, {2, 2})}); }) ==
         "dropout: mask [2,2] must hold only 0 and 1; element 2 is 3");
   CHECK(tg::region_attention_decomposed(x, e, a, p).shape() == tg::Shape{1, 3, 8});  // 0/1 masks pass
+  // Several masks in one check: the first bad one named, whichever place it has.
+  const tg::Tensor bad = tg::from_vector({0, 1, 2, 0.5}, {2, 2});
+  CHECK(error_of([&] { tg::check_binary_masks("op", {{"a", a}, {"b", bad}, {"c", e}}); }) ==
+        "op: b [2,2] must hold only 0 and 1; element 2 is 2");
+  CHECK(error_of([&] { tg::check_binary_masks("op", {{"b", bad.transpose(0, 1)}, {"a", a}}); }) ==
+        "op: b [2,2] must hold only 0 and 1; element 1 is 2");
+  CHECK(error_of([&] { tg::check_binary_masks("op", {{"a", a}, {"e", e}}); }).empty());
 }
 
 TEST_CASE("numerics/an unknown dtype is a clear error, not float64") {
