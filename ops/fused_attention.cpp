@@ -362,7 +362,7 @@ AttentionInputs core_meta(AttentionInputs in) {
 AttentionInputs core_inputs(AttentionInputs in, const autograd::SavedTensors& s) {
   in.q = s[kQ], in.k = s[kK], in.v = s[kV], in.edit_mask = s[kEditMask], in.attn_mask = s[kAttnMask];
   in.edit_region_bias = s[kE], in.within = s[kWithin], in.cross = s[kCross];
-  if (s[kHalfValues].defined()) in.qkv_half = {{{s[kHalfValues], in.d.B * in.d.S, 3 * in.d.H * in.d.D}}, s[kHalfScalars]};
+  if (s[kHalfValues].defined()) in.qkv_half = {{{s[kHalfValues], in.d.B * in.d.S, 3 * in.d.H * in.d.D}}, s[kHalfScalars], {}};
   return in;
 }
 
@@ -447,7 +447,7 @@ std::vector<Tensor> half_qkv_projection_backward(AttentionInputs& in, AttentionG
   if (needs[1]) operands.push_back(x2);
   if (needs[0]) operands.push_back(w);
   const Fp16Group converted = to_fp16(operands);
-  Fp16Group group{{{dqkv_values, rows, 3 * C}}, empty({kFp16Scalars}, opts)};
+  Fp16Group group{{{dqkv_values, rows, 3 * C}}, empty({kFp16Scalars}, opts), {}};
   for (const Fp16Matrix& m : converted.matrices) group.matrices.push_back(m);
   TG_DISPATCH_DEVICE(dqkv_values, FusedAttentionKernels, half_qkv_scalars, kv, converted, group.scalars);
   const int ix = 1, iw = needs[1] ? 2 : 1;  // group: dqkv, then x and w as converted
@@ -589,15 +589,18 @@ LayerDims check_backward_args(const BackwardInputs& in, const Gradients& out) {
 }
 
 // The layer's projection GEMMs over three matrices (dy, o, Wo, then dqkv, x,
-// Wqkv): c = op(m_a) @ op(m_b), op(m) = m^T where transposed. On CUDA at
-// "high" on fp16 tensor cores, the three converted together (to_fp16: TF32's
-// mantissa at twice TF32's rate); else one GEMM each at `precision`.
+// Wqkv): c = op(m_a) @ op(m_b), op(m) = m^T where transposed. On CUDA
+// (float32) on fp16 tensor cores, the three converted together: at "high"
+// to_fp16 (TF32's mantissa at twice TF32's rate), at "highest" to_fp16_split
+// (three products per k slice: fp32's accuracy at about 1.5x the TF32 rate);
+// else one GEMM each at `precision`.
 class Projections {
  public:
   Projections(std::vector<Tensor> matrices, MatmulPrecision precision)
       : matrices_(std::move(matrices)), precision_(precision) {
     const Tensor& x = matrices_[0];
-    if (x.is_cuda() && x.dtype() == DType::Float32 && precision == MatmulPrecision::High) half_ = to_fp16(matrices_);
+    if (x.is_cuda() && x.dtype() == DType::Float32)
+      half_ = precision == MatmulPrecision::High ? to_fp16(matrices_) : to_fp16_split(matrices_);
   }
   void into(const Tensor& c, int a, bool transpose_a, int b, bool transpose_b) const {
     if (!half_.matrices.empty()) return gemm_fp16_into(half_, a, transpose_a, b, transpose_b, c);

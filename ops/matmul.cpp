@@ -165,11 +165,16 @@ void check_fp16_matrices(const char* op, const std::vector<Tensor>& xs) {
 }
 
 // The group of xs, checked and allocated, not filled; errors name `op`.
-Fp16Group allocate_fp16_group(const char* op, const std::vector<Tensor>& xs) {
+Fp16Group allocate_fp16_group(const char* op, const std::vector<Tensor>& xs, bool with_lows = false) {
   check_fp16_matrices(op, xs);
   Fp16Group group;
-  for (const Tensor& x : xs)
-    group.matrices.push_back({empty({(x.numel() + 1) / 2}, {DType::Float32, x.device()}), x.size(0), x.size(1)});
+  const auto fp16_matrix = [](const Tensor& x) {
+    return Fp16Matrix{empty({(x.numel() + 1) / 2}, {DType::Float32, x.device()}), x.size(0), x.size(1)};
+  };
+  for (const Tensor& x : xs) {
+    group.matrices.push_back(fp16_matrix(x));
+    if (with_lows) group.lows.push_back(fp16_matrix(x));
+  }
   group.scalars = empty({kFp16Scalars}, {DType::Float32, xs[0].device()});
   return group;
 }
@@ -211,12 +216,20 @@ Fp16Group to_fp16(const std::vector<Tensor>& xs, const std::vector<Tensor>& colu
   return group;
 }
 
+Fp16Group to_fp16_split(const std::vector<Tensor>& xs) {
+  Fp16Group group = allocate_fp16_group("to_fp16_split", xs, true);
+  TG_DISPATCH_DEVICE(xs[0], GemmKernels, to_fp16, xs, std::vector<Tensor>(xs.size()), group);
+  return group;
+}
+
 namespace {
 
 // Matrices a and b of the group, which must hold them.
 std::pair<const Fp16Matrix&, const Fp16Matrix&> gemm_fp16_operands(const Fp16Group& group, int a, int b) {
   const int count = static_cast<int>(group.matrices.size());
   TG_CHECK(a >= 0 && a < count && b >= 0 && b < count, "gemm_fp16: matrices ", a, " and ", b, " of a group of ", count);
+  TG_CHECK(group.lows.empty() || group.lows.size() == group.matrices.size(), "gemm_fp16: ", group.lows.size(),
+           " low parts for ", count, " matrices (none, or one per matrix)");
   return {group.matrices[a], group.matrices[b]};
 }
 

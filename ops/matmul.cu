@@ -1,6 +1,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "core/cuda_allocator.h"
 #include "core/cuda_context.h"
@@ -75,6 +76,7 @@ class DeviceScratch {
 struct Fp16Batch {
   const float* x[kMaxFp16Group];
   __half* out[kMaxFp16Group];
+  __half* low[kMaxFp16Group];  // where the low parts go, in the kernels' kLow instances (to_fp16_split)
   int64_t n[kMaxFp16Group];
   const float* bias[kMaxFp16Group];  // optional [cols]: x + bias (each row) is converted
   int64_t cols[kMaxFp16Group];
@@ -115,13 +117,27 @@ __global__ void __launch_bounds__(kFp16Samples) sample_scale_kernel(const __grid
   }
 }
 
-// x scale to fp16, four elements per thread, for matrix blockIdx.y; returns
-// the largest finite |x| this thread saw.
+// Pair i of out: two scaled elements y (exact: a power-of-two scale)
+// rounded to fp16; with kLow pair i of low: their low parts kFp16LowFactor
+// (y - hi) (exact before rounding).
+template <bool kLow>
+__device__ __forceinline__ void store_pair(__half* out, __half* low, int64_t i, float y0, float y1) {
+  const __half2 hi = __floats2half2_rn(y0, y1);
+  reinterpret_cast<__half2*>(out)[i] = hi;
+  if constexpr (kLow) {
+    const float2 h = __half22float2(hi);
+    reinterpret_cast<__half2*>(low)[i] = __floats2half2_rn(kFp16LowFactor * (y0 - h.x), kFp16LowFactor * (y1 - h.y));
+  }
+}
+
+// x scale to fp16, four elements per thread, for matrix blockIdx.y (with
+// kLow also the low parts); returns the largest finite |x| this thread saw.
+template <bool kLow>
 __device__ float convert(const Fp16Batch& batch, int t, float scale) {
   const float* x = batch.x[t];
   const float* bias = batch.bias[t];
   const int64_t n = batch.n[t], cols = batch.cols[t], step = int64_t(gridDim.x) * blockDim.x;
-  __half* out = batch.out[t];
+  __half *out = batch.out[t], *low = batch.low[t];
   float m = 0.f;
   int64_t q = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   // With a bias: the column of element 4q, advanced by the loop's step
@@ -136,13 +152,14 @@ __device__ float convert(const Fp16Batch& batch, int t, float scale) {
         v = make_float4(c.x + v.x, c.y + v.y, c.z + v.z, c.w + v.w);
       }
       m = fmaxf(m, finite_abs_max(v));
-      reinterpret_cast<__half2*>(out)[2 * q] = __floats2half2_rn(v.x * scale, v.y * scale);
-      reinterpret_cast<__half2*>(out)[2 * q + 1] = __floats2half2_rn(v.z * scale, v.w * scale);
+      store_pair<kLow>(out, low, 2 * q, v.x * scale, v.y * scale);
+      store_pair<kLow>(out, low, 2 * q + 1, v.z * scale, v.w * scale);
     } else {
       for (int64_t i = 4 * q; i < n && i < 4 * q + 4; ++i) {
-        const float v = batch.element(t, i);
+        const float v = batch.element(t, i), y = v * scale;
         m = fmaxf(m, finite_abs(v));
-        out[i] = __float2half_rn(v * scale);
+        out[i] = __float2half_rn(y);
+        if constexpr (kLow) low[i] = __float2half_rn(kFp16LowFactor * (y - __half2float(out[i])));
       }
     }
   }
@@ -151,14 +168,16 @@ __device__ float convert(const Fp16Batch& batch, int t, float scale) {
 
 // Step 2: converts with the first scale and finds the true max (a block max,
 // then one atomicMax per block).
+template <bool kLow>
 __global__ void to_fp16_kernel(const __grid_constant__ Fp16Batch batch) {
   const int t = blockIdx.y;
-  block_max_into(convert(batch, t, batch.first_scale[t]), &batch.amax[t]);
+  block_max_into(convert<kLow>(batch, t, batch.first_scale[t]), &batch.amax[t]);
 }
 
 // Step 3: converts again the matrices whose first scale is not kept (none,
 // for data whose sample is representative; every block then returns at
 // once); block (0, 0) writes the group's scalars (Fp16Group::scalars).
+template <bool kLow>
 __global__ void rescale_fp16_kernel(const __grid_constant__ Fp16Batch batch) {
   const auto scale = [&](int i) { return kept_scale(batch.amax[i], batch.first_scale[i]); };
   const int t = blockIdx.y;
@@ -166,7 +185,7 @@ __global__ void rescale_fp16_kernel(const __grid_constant__ Fp16Batch batch) {
     write_fp16_group_scalars(batch.scalars, batch.count, threadIdx.x, [&](int i) { return 1.f / scale(i); },
                              [&](int i) { return scale_below(__uint_as_float(batch.amax[i]), 14); });
   const float kept = scale(t);
-  if (kept != batch.first_scale[t]) convert(batch, t, kept);
+  if (kept != batch.first_scale[t]) convert<kLow>(batch, t, kept);
 }
 
 }  // namespace
@@ -229,6 +248,7 @@ void GemmKernels<Device::CUDA>::to_fp16(const std::vector<Tensor>& xs, const std
   for (int t = 0; t < count; ++t) {
     batch.x[t] = xs[t].data<float>();
     batch.out[t] = reinterpret_cast<__half*>(out.matrices[t].values.data<float>());
+    batch.low[t] = out.lows.empty() ? nullptr : reinterpret_cast<__half*>(out.lows[t].values.data<float>());
     batch.n[t] = xs[t].numel();
     batch.bias[t] = column_biases[t].defined() ? column_biases[t].data<float>() : nullptr;
     batch.cols[t] = xs[t].size(1);
@@ -239,15 +259,39 @@ void GemmKernels<Device::CUDA>::to_fp16(const std::vector<Tensor>& xs, const std
   const int quads = grid_for((largest + 3) / 4);
   sample_scale_kernel<<<dim3(1, count), kFp16Samples, 0, stream()>>>(batch);  // one load per thread
   check_launch("to_fp16 (sample)");
-  to_fp16_kernel<<<dim3(std::min(quads, 8 * context().sm_count), count), kThreads, 0, stream()>>>(batch);
-  check_launch("to_fp16");
-  rescale_fp16_kernel<<<dim3(std::min(quads, 2 * context().sm_count), count), kThreads, 0, stream()>>>(batch);
-  check_launch("to_fp16 (rescale)");
+  const auto launch = [&](auto low) {
+    to_fp16_kernel<low.value><<<dim3(std::min(quads, 8 * context().sm_count), count), kThreads, 0, stream()>>>(batch);
+    check_launch("to_fp16");
+    rescale_fp16_kernel<low.value><<<dim3(std::min(quads, 2 * context().sm_count), count), kThreads, 0, stream()>>>(batch);
+    check_launch("to_fp16 (rescale)");
+  };
+  if (out.lows.empty()) launch(std::false_type{});
+  else launch(std::true_type{});
 }
 
-// Row-major C = op(A) op(B) as column-major C^T = op(B)^T op(A)^T: a row-major
-// matrix is its own transpose to cuBLAS, so an untransposed operand goes in
-// as N and a transposed one as T, each with its stored row length as ld.
+namespace cuda {
+namespace {
+
+// One fp16 GEMM into row-major c [n, m]: c = alpha op(A) op(B) + beta c over
+// k = k0 .. k0 + k_len - 1 of the product, as column-major c^T = op(B)^T
+// op(A)^T (a row-major matrix is its own transpose to cuBLAS: an
+// untransposed operand goes in as N, a transposed one as T, each with its
+// stored row length as ld). The k slice starts k0 columns into an
+// untransposed A (rows of a transposed one), k0 rows into an untransposed B.
+cublasStatus_t gemm_fp16_slice(cublasHandle_t handle, const Fp16Matrix& A, bool ta, const Fp16Matrix& B, bool tb,
+                               int64_t n, int64_t m, int64_t k0, int64_t k_len, const float* alpha, const float* beta,
+                               float* c) {
+  const __half* a = reinterpret_cast<const __half*>(A.values.data<float>()) + (ta ? k0 * A.cols : k0);
+  const __half* b = reinterpret_cast<const __half*>(B.values.data<float>()) + (tb ? k0 : k0 * B.cols);
+  return cublasGemmEx(handle, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(m),
+                      static_cast<int>(n), static_cast<int>(k_len), alpha, b, CUDA_R_16F, static_cast<int>(B.cols), a,
+                      CUDA_R_16F, static_cast<int>(A.cols), beta, c, CUDA_R_32F, static_cast<int>(m),
+                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+}
+
+}  // namespace
+}  // namespace cuda
+
 template <>
 void GemmKernels<Device::CUDA>::gemm_fp16(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b,
                                           const Tensor& c) {
@@ -256,15 +300,26 @@ void GemmKernels<Device::CUDA>::gemm_fp16(const Fp16Group& group, int a, bool tr
   const int64_t n = c.size(0), m = c.size(1), k = transpose_a ? A.rows : A.cols;
   for (const int64_t v : {n, m, k, A.cols, B.cols})
     TG_CHECK(v <= INT32_MAX, "gemm_fp16: a size of ", v, " exceeds cuBLAS's int (", n, " x ", k, " @ ", k, " x ", m, ")");
-  const float* alpha = group.scalars.data<float>() + a * kMaxFp16Group + b;
-  const float* beta = group.scalars.data<float>() + kFp16Beta;
+  const float* scalars = group.scalars.data<float>();
+  const float *alpha = scalars + a * kMaxFp16Group + b, *low_alpha = scalars + kFp16LowAlphas + a * kMaxFp16Group + b;
+  const float *zero = scalars + kFp16Beta, *one = scalars + kFp16One;
   cublasHandle_t handle = cublas();
   TG_CUDA_CHECK(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_DEVICE), "gemm_fp16");
-  const cublasStatus_t status = cublasGemmEx(
-      handle, transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N, transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(m),
-      static_cast<int>(n), static_cast<int>(k), alpha, B.values.data<float>(), CUDA_R_16F, static_cast<int>(B.cols),
-      A.values.data<float>(), CUDA_R_16F, static_cast<int>(A.cols), beta, c.data<float>(), CUDA_R_32F,
-      static_cast<int>(m), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
+  const auto product = [&](const Fp16Matrix& x, const Fp16Matrix& y, int64_t k0, int64_t k_len, const float* f,
+                           const float* beta) {
+    if (status == CUBLAS_STATUS_SUCCESS)
+      status = gemm_fp16_slice(handle, x, transpose_a, y, transpose_b, n, m, k0, k_len, f, beta, c.data<float>());
+  };
+  if (group.lows.empty()) {
+    product(A, B, 0, k, alpha, zero);
+  } else {
+    // 2^-11 (hi lo + lo hi) over the whole k (their accumulation's truncation
+    // is 2^-11 smaller than hi hi's), then hi hi a fresh accumulation per slice.
+    product(A, group.lows[b], 0, k, low_alpha, zero);
+    product(group.lows[a], B, 0, k, low_alpha, one);
+    for (int64_t k0 = 0; k0 < k; k0 += kFp16SplitSlice) product(A, B, k0, std::min(kFp16SplitSlice, k - k0), alpha, one);
+  }
   TG_CUDA_CHECK(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST), "gemm_fp16");  // before any throw: the handle is shared
   TG_CUDA_CHECK(status, "gemm_fp16");
   check_launch("gemm_fp16");

@@ -71,11 +71,19 @@ struct Fp16Group {
   // float32: the alpha of pair (i, j) at i kMaxFp16Group + j; 0 (beta) at
   // kFp16Beta; at kFp16BoundScales + i, 2^b_i with max |x_i| 2^b_i in [2^13,
   // 2^14), for bounds on products of the kernel's own (ops/fused_attention.cu);
-  // from kFp16Scratch the conversion's scratch (two values per matrix)
+  // from kFp16Scratch the conversion's scratch (two values per matrix); 1 at
+  // kFp16One (the beta that accumulates); the pairs' alphas times 2^-11 from
+  // kFp16LowAlphas (a product with a low part)
   Tensor scalars;
+  // to_fp16_split only: matrix i's low part, 2^11 (s_i x_i - hi_i) rounded to
+  // fp16 (hi_i = matrices[i]), so that s_i x_i = hi_i + 2^-11 lo_i to 22 bits.
+  std::vector<Fp16Matrix> lows;
 };
 constexpr int kFp16Beta = kMaxFp16Group * kMaxFp16Group, kFp16BoundScales = kFp16Beta + 1,
-              kFp16Scratch = kFp16BoundScales + kMaxFp16Group, kFp16Scalars = kFp16Scratch + 2 * kMaxFp16Group;
+              kFp16Scratch = kFp16BoundScales + kMaxFp16Group, kFp16One = kFp16Scratch + 2 * kMaxFp16Group,
+              kFp16LowAlphas = kFp16One + 1, kFp16Scalars = kFp16LowAlphas + kMaxFp16Group * kMaxFp16Group;
+// A low part's factor: lo = kFp16LowFactor (s x - hi).
+constexpr float kFp16LowFactor = 2048.f;
 // 1 / s_i of matrix i of a group, exactly (alpha(i, i) = 1 / s_i^2, s_i a power of two).
 TG_HD float fp16_inverse_scale(const float* scalars, int i) {
   return sqrtf(scalars[(kMaxFp16Group + 1) * i]);
@@ -86,8 +94,11 @@ TG_HD float fp16_inverse_scale(const float* scalars, int i) {
 template <class Inverse, class Bound>
 TG_HD void write_fp16_group_scalars(float* scalars, int count, int t, const Inverse& inverse, const Bound& bound) {
   const int i = t / kMaxFp16Group, j = t % kMaxFp16Group;
-  if (t < kMaxFp16Group * kMaxFp16Group && i < count && j < count) scalars[t] = inverse(i) * inverse(j);
-  if (t == 0) scalars[kFp16Beta] = 0.f;
+  if (t < kMaxFp16Group * kMaxFp16Group && i < count && j < count) {
+    scalars[t] = inverse(i) * inverse(j);
+    scalars[kFp16LowAlphas + t] = inverse(i) * inverse(j) / kFp16LowFactor;
+  }
+  if (t == 0) scalars[kFp16Beta] = 0.f, scalars[kFp16One] = 1.f;
   if (t < count) scalars[kFp16BoundScales + t] = bound(t);
 }
 // CUDA float32, contiguous 2-D. column_biases: none, or one per matrix
@@ -95,6 +106,17 @@ TG_HD void write_fp16_group_scalars(float* scalars, int count, int t, const Inve
 // conversion, as if converting x + b, so that a projection's bias needs no
 // pass of its own over the float product).
 Fp16Group to_fp16(const std::vector<Tensor>& xs, const std::vector<Tensor>& column_biases = {});
+// fp32-level products on fp16 tensor cores ("highest" projections): each
+// matrix as a high and a low fp16 part (Fp16Group::lows), which gemm_fp16
+// multiplies as hi hi + 2^-11 (hi lo + lo hi) (the dropped lo lo term is
+// 2^-22 relative). The tensor cores truncate their fp32 accumulation, an
+// error that grows with k and has a sign, so hi hi goes in slices of at most
+// kFp16SplitSlice along k, each a fresh accumulation added to c in fp32
+// (2.5-3.8x fp32 FMA's error against fp64 at k = 2952; with slices of 1024,
+// 4.4-5x at k = 5000; bench/NOTES.md); the cross terms, 2^-11 smaller, go
+// whole.
+Fp16Group to_fp16_split(const std::vector<Tensor>& xs);
+constexpr int64_t kFp16SplitSlice = 512;
 // to_fp16 in two steps, for a conversion queued where nothing may be
 // allocated (a cuda::Fork's side work): fp16_group checks xs and allocates
 // their group, convert_to_fp16 (which allocates nothing) fills it.
@@ -102,6 +124,7 @@ Fp16Group fp16_group(const std::vector<Tensor>& xs);
 void convert_to_fp16(const std::vector<Tensor>& xs, const Fp16Group& group);
 // Untracked, CUDA: c = op(A) @ op(B) for matrices a and b of the group, op(x) =
 // x^T where transposed; fp32 accumulation and output, c [n, m] contiguous.
+// With a split group (to_fp16_split) the three products of each k slice.
 void gemm_fp16_into(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b, const Tensor& c);
 // The same into a new float32 c [n, m].
 Tensor gemm_fp16(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b);

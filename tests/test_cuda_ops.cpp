@@ -167,6 +167,73 @@ TEST_CASE("cuda/gemm_fp16: TF32's accuracy at any magnitude, every transpose, tw
                     doctest::Contains("matrices 0 and 4 of a group of 4"));
 }
 
+// to_fp16_split's two parts rebuild each element to 22 bits: x times an
+// identity (exact in fp16, and each output a single product) gives hi + 2^-11
+// lo unscaled, within 2^-22 |x| of x (to_fp16's hi alone: 2^-12), at any
+// magnitude; the hi parts and the scalars to_fp16 writes are to_fp16's, bit
+// for bit.
+TEST_CASE("cuda/to_fp16_split: hi + 2^-11 lo is x to 22 bits" * doctest::skip(kNoGpu)) {
+  tg::manual_seed(47);
+  for (const double magnitude : {1.0, 1e-9, 1e9}) {
+    CAPTURE(magnitude);
+    std::vector<double> identity(67 * 67, 0.0);
+    for (int64_t i = 0; i < 67; ++i) identity[i * 67 + i] = 1.0;
+    const tg::Tensor x = tg::mul(tg::randn({130, 67}), magnitude).cuda();
+    const tg::Tensor eye = tg::from_vector(identity, {67, 67}, {tg::DType::Float32}).cuda();
+    const tg::TensorOptions cuda32{tg::DType::Float32, tg::Device::CUDA};
+    const tg::Tensor split = tg::full({130, 67}, std::nan(""), cuda32), plain = tg::full({130, 67}, std::nan(""), cuda32);
+    const tg::Fp16Group group = tg::to_fp16_split({x, eye});
+    tg::gemm_fp16_into(group, 0, false, 1, false, split);
+    tg::gemm_fp16_into(tg::to_fp16({x, eye}), 0, false, 1, false, plain);
+    const std::vector<double> xv = x.cpu().to_vector(), sv = split.cpu().to_vector(), pv = plain.cpu().to_vector();
+    double split_err = 0, plain_err = 0;
+    for (size_t i = 0; i < xv.size(); ++i) {
+      split_err = std::max(split_err, std::abs(sv[i] - xv[i]) / std::abs(xv[i]));
+      plain_err = std::max(plain_err, std::abs(pv[i] - xv[i]) / std::abs(xv[i]));
+    }
+    CHECK(split_err <= 0x1p-21);
+    CHECK(plain_err > 0x1p-14);
+    const tg::Fp16Group whole = tg::to_fp16({x, eye});
+    for (int i = 0; i < 2; ++i) CHECK(max_abs_diff(group.matrices[i].values, whole.matrices[i].values, true) == 0);
+    CHECK(max_abs_diff(group.scalars.narrow(0, 0, tg::kFp16Scratch), whole.scalars.narrow(0, 0, tg::kFp16Scratch), true) == 0);
+  }
+}
+
+// A split group's products have fp32's accuracy: on a weight gradient's
+// shape (k = tokens, five slices, both operands k-strided) and with every
+// transpose, the error against fp64 within 4x of cuBLAS's fp32 GEMM
+// (measured 2.5x and 3.8x on an H200; the truncating tensor-core
+// accumulation grows with the slice: slices of 1024 with the cross terms
+// sliced too gave 4.4-5x at k = 5000), and far below one fp16 product's (over
+// 400x).
+TEST_CASE("cuda/gemm_fp16: a split group gives fp32's accuracy over a long k, every transpose" *
+          doctest::skip(kNoGpu)) {
+  tg::manual_seed(48);
+  const int64_t k = 4 * tg::kFp16SplitSlice + 904;
+  for (const double magnitude : {1.0, 1e-9}) {
+    CAPTURE(magnitude);
+    const tg::Tensor a = tg::mul(tg::randn({k, 96}), magnitude), b = tg::randn({k, 80});
+    const tg::Tensor exact = tg::matmul(a.to(tg::DType::Float64).transpose(0, 1), b.to(tg::DType::Float64));
+    const tg::Tensor ag = a.cuda(), bg = b.cuda(), at = ag.transpose(0, 1).contiguous(), bt = bg.transpose(0, 1).contiguous();
+    const auto error_of = [&](const tg::Tensor& c) { return max_abs_diff(c.cpu().to(tg::DType::Float64), exact) / magnitude; };
+    const tg::TensorOptions cuda32{tg::DType::Float32, tg::Device::CUDA};
+    const tg::Tensor fp32 = tg::empty({96, 80}, cuda32), fp16 = tg::full({96, 80}, std::nan(""), cuda32);
+    tg::gemm_into("test", ag.transpose(0, 1), bg, fp32, 0.0, tg::MatmulPrecision::Highest);
+    tg::gemm_fp16_into(tg::to_fp16({ag, bg}), 0, true, 1, false, fp16);
+    const tg::Fp16Group group = tg::to_fp16_split({ag, bg, at, bt});
+    for (const bool ta : {false, true})
+      for (const bool tb : {false, true}) {
+        CAPTURE(ta);
+        CAPTURE(tb);
+        const tg::Tensor c = tg::full({96, 80}, std::nan(""), cuda32);
+        tg::gemm_fp16_into(group, ta ? 0 : 2, ta, tb ? 3 : 1, tb, c);
+        MESSAGE("split / fp32 error: " << error_of(c) / error_of(fp32) << ", fp16 / split: " << error_of(fp16) / error_of(c));
+        CHECK(error_of(c) <= 4 * error_of(fp32));
+        CHECK(error_of(c) * 100 < error_of(fp16));
+      }
+  }
+}
+
 // to_fp16 takes its scale from a sample of 1024 elements and converts once
 // more when the true max leaves the window the sample's scale allows: a huge
 // element the sample misses (the first conversion overflows it to Inf), or

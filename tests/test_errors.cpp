@@ -114,7 +114,7 @@ TEST_CASE("errors/gemm_fp16 checks its operands and sizes its product") {
   const auto matrix = [](int64_t rows, int64_t cols) {
     return tg::Fp16Matrix{tg::zeros({(rows * cols + 1) / 2}), rows, cols};
   };
-  const tg::Fp16Group group{{matrix(6, 4), matrix(4, 3), matrix(6, 3)}, tg::zeros({tg::kFp16Scalars})};
+  const tg::Fp16Group group{{matrix(6, 4), matrix(4, 3), matrix(6, 3)}, tg::zeros({tg::kFp16Scalars}), {}};
   CHECK(error_of([&] { tg::gemm_fp16(group, 0, false, 3, false); }) == "gemm_fp16: matrices 0 and 3 of a group of 3");
   for (const auto& [a, transpose_a, b, transpose_b] : std::vector<std::tuple<int, bool, int, bool>>{
            {0, false, 1, false}, {0, true, 2, false}, {2, true, 0, false}, {1, true, 0, true}, {2, false, 1, true}}) {
@@ -125,4 +125,18 @@ TEST_CASE("errors/gemm_fp16 checks its operands and sizes its product") {
   }
   CHECK(error_of([&] { tg::gemm_fp16(group, 0, false, 2, false); }) ==
         "gemm_fp16: [6, 4] @ [6, 3] does not give c [6,3] (contiguous float32)");
+  tg::Fp16Group split = group;  // low parts: none, or one per matrix
+  split.lows = {matrix(6, 4)};
+  CHECK(error_of([&] { tg::gemm_fp16(split, 0, false, 1, false); }) ==
+        "gemm_fp16: 1 low parts for 3 matrices (none, or one per matrix)");
+  split.lows = group.matrices;
+  CHECK(error_of([&] { tg::gemm_fp16(split, 0, false, 1, false); }) == "gemm_fp16: fp16 GEMMs run on CUDA only");
+}
+
+// to_fp16_split checks its matrices as to_fp16 does, before the device.
+TEST_CASE("errors/to_fp16_split checks its matrices") {
+  CHECK(contains(error_of([] { tg::to_fp16_split({}); }), "to_fp16_split: takes 1 to 4 matrices, got 0"));
+  CHECK(contains(error_of([] { tg::to_fp16_split({tg::zeros({3, 5}, {tg::DType::Float64})}); }),
+                 "to_fp16_split: matrix 0 must be contiguous, 2-D, float32"));
+  CHECK(contains(error_of([] { tg::to_fp16_split({tg::zeros({3, 5})}); }), "exist on CUDA only"));
 }
