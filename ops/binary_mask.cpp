@@ -36,6 +36,8 @@ void check_binary_masks(const char* op, std::initializer_list<NamedMask> masks) 
     if (found[slot++] == 0) continue;
     const std::vector<double> values = m.mask.to_vector();
     const auto bad = std::find_if(values.begin(), values.end(), non_binary<double>);
+    TG_CHECK(bad != values.end(), op, ": ", m.arg, " ", m.mask.shape(), ": the device counted ", found[slot - 1],
+             " elements that are not 0 or 1, the host none (was the mask written meanwhile?)");
     TG_FAIL(op, ": ", m.arg, " ", m.mask.shape(), " must hold only 0 and 1; element ", bad - values.begin(), " is ",
             *bad);
   }

@@ -592,8 +592,8 @@ LayerDims check_backward_args(const BackwardInputs& in, const Gradients& out) {
 // Wqkv): c = op(m_a) @ op(m_b), op(m) = m^T where transposed. On CUDA
 // (float32) on fp16 tensor cores, the three converted together: at "high"
 // to_fp16 (TF32's mantissa at twice TF32's rate), at "highest" to_fp16_split
-// (three products per k slice: fp32's accuracy at about 1.5x the TF32 rate);
-// else one GEMM each at `precision`.
+// (three fp16 products: fp32's accuracy in about 1.5 times a TF32 GEMM's
+// time); else one GEMM each at `precision`.
 class Projections {
  public:
   Projections(std::vector<Tensor> matrices, MatmulPrecision precision)

@@ -117,16 +117,20 @@ __global__ void __launch_bounds__(kFp16Samples) sample_scale_kernel(const __grid
   }
 }
 
+// The low part of scaled element y given its fp16 hi: kFp16LowFactor (y -
+// hi), exact before rounding; 0 where hi is Inf or NaN (an Inf then stays an
+// Inf in the products, as in fp32, not Inf - Inf).
+__device__ __forceinline__ float low_part(float y, float hi) { return isfinite(hi) ? kFp16LowFactor * (y - hi) : 0.f; }
+
 // Pair i of out: two scaled elements y (exact: a power-of-two scale)
-// rounded to fp16; with kLow pair i of low: their low parts kFp16LowFactor
-// (y - hi) (exact before rounding).
+// rounded to fp16; with kLow pair i of low: their low parts.
 template <bool kLow>
 __device__ __forceinline__ void store_pair(__half* out, __half* low, int64_t i, float y0, float y1) {
   const __half2 hi = __floats2half2_rn(y0, y1);
   reinterpret_cast<__half2*>(out)[i] = hi;
   if constexpr (kLow) {
     const float2 h = __half22float2(hi);
-    reinterpret_cast<__half2*>(low)[i] = __floats2half2_rn(kFp16LowFactor * (y0 - h.x), kFp16LowFactor * (y1 - h.y));
+    reinterpret_cast<__half2*>(low)[i] = __floats2half2_rn(low_part(y0, h.x), low_part(y1, h.y));
   }
 }
 
@@ -157,9 +161,10 @@ __device__ float convert(const Fp16Batch& batch, int t, float scale) {
     } else {
       for (int64_t i = 4 * q; i < n && i < 4 * q + 4; ++i) {
         const float v = batch.element(t, i), y = v * scale;
+        const __half hi = __float2half_rn(y);
         m = fmaxf(m, finite_abs(v));
-        out[i] = __float2half_rn(y);
-        if constexpr (kLow) low[i] = __float2half_rn(kFp16LowFactor * (y - __half2float(out[i])));
+        out[i] = hi;
+        if constexpr (kLow) low[i] = __float2half_rn(low_part(y, __half2float(hi)));
       }
     }
   }
@@ -272,17 +277,26 @@ void GemmKernels<Device::CUDA>::to_fp16(const std::vector<Tensor>& xs, const std
 namespace cuda {
 namespace {
 
+// One fp16 matrix of a GEMM as cuBLAS reads it: its elements and row length.
+struct HalfOperand {
+  const __half* values;
+  int64_t cols;
+};
+
+HalfOperand half_operand(const Fp16Matrix& m) {
+  return {reinterpret_cast<const __half*>(m.values.data<float>()), m.cols};
+}
+
 // One fp16 GEMM into row-major c [n, m]: c = alpha op(A) op(B) + beta c over
 // k = k0 .. k0 + k_len - 1 of the product, as column-major c^T = op(B)^T
 // op(A)^T (a row-major matrix is its own transpose to cuBLAS: an
 // untransposed operand goes in as N, a transposed one as T, each with its
 // stored row length as ld). The k slice starts k0 columns into an
 // untransposed A (rows of a transposed one), k0 rows into an untransposed B.
-cublasStatus_t gemm_fp16_slice(cublasHandle_t handle, const Fp16Matrix& A, bool ta, const Fp16Matrix& B, bool tb,
-                               int64_t n, int64_t m, int64_t k0, int64_t k_len, const float* alpha, const float* beta,
-                               float* c) {
-  const __half* a = reinterpret_cast<const __half*>(A.values.data<float>()) + (ta ? k0 * A.cols : k0);
-  const __half* b = reinterpret_cast<const __half*>(B.values.data<float>()) + (tb ? k0 : k0 * B.cols);
+cublasStatus_t gemm_fp16_slice(cublasHandle_t handle, HalfOperand A, bool ta, HalfOperand B, bool tb, int64_t n,
+                               int64_t m, int64_t k0, int64_t k_len, const float* alpha, const float* beta, float* c) {
+  const __half* a = A.values + (ta ? k0 * A.cols : k0);
+  const __half* b = B.values + (tb ? k0 : k0 * B.cols);
   return cublasGemmEx(handle, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(m),
                       static_cast<int>(n), static_cast<int>(k_len), alpha, b, CUDA_R_16F, static_cast<int>(B.cols), a,
                       CUDA_R_16F, static_cast<int>(A.cols), beta, c, CUDA_R_32F, static_cast<int>(m),
@@ -300,25 +314,30 @@ void GemmKernels<Device::CUDA>::gemm_fp16(const Fp16Group& group, int a, bool tr
   const int64_t n = c.size(0), m = c.size(1), k = transpose_a ? A.rows : A.cols;
   for (const int64_t v : {n, m, k, A.cols, B.cols})
     TG_CHECK(v <= INT32_MAX, "gemm_fp16: a size of ", v, " exceeds cuBLAS's int (", n, " x ", k, " @ ", k, " x ", m, ")");
+  // Every pointer before the pointer mode changes: nothing below may throw until it is restored.
   const float* scalars = group.scalars.data<float>();
   const float *alpha = scalars + a * kMaxFp16Group + b, *low_alpha = scalars + kFp16LowAlphas + a * kMaxFp16Group + b;
   const float *zero = scalars + kFp16Beta, *one = scalars + kFp16One;
+  const bool split = !group.lows.empty();
+  const HalfOperand a_hi = half_operand(A), b_hi = half_operand(B);
+  const HalfOperand a_lo = split ? half_operand(group.lows[a]) : a_hi, b_lo = split ? half_operand(group.lows[b]) : b_hi;
+  float* out = c.data<float>();
   cublasHandle_t handle = cublas();
   TG_CUDA_CHECK(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_DEVICE), "gemm_fp16");
   cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
-  const auto product = [&](const Fp16Matrix& x, const Fp16Matrix& y, int64_t k0, int64_t k_len, const float* f,
-                           const float* beta) {
+  const auto product = [&](HalfOperand x, HalfOperand y, int64_t k0, int64_t k_len, const float* f, const float* beta) {
     if (status == CUBLAS_STATUS_SUCCESS)
-      status = gemm_fp16_slice(handle, x, transpose_a, y, transpose_b, n, m, k0, k_len, f, beta, c.data<float>());
+      status = gemm_fp16_slice(handle, x, transpose_a, y, transpose_b, n, m, k0, k_len, f, beta, out);
   };
-  if (group.lows.empty()) {
-    product(A, B, 0, k, alpha, zero);
+  if (!split) {
+    product(a_hi, b_hi, 0, k, alpha, zero);
   } else {
     // 2^-11 (hi lo + lo hi) over the whole k (their accumulation's truncation
     // is 2^-11 smaller than hi hi's), then hi hi a fresh accumulation per slice.
-    product(A, group.lows[b], 0, k, low_alpha, zero);
-    product(group.lows[a], B, 0, k, low_alpha, one);
-    for (int64_t k0 = 0; k0 < k; k0 += kFp16SplitSlice) product(A, B, k0, std::min(kFp16SplitSlice, k - k0), alpha, one);
+    product(a_hi, b_lo, 0, k, low_alpha, zero);
+    product(a_lo, b_hi, 0, k, low_alpha, one);
+    for (int64_t k0 = 0; k0 < k; k0 += kFp16SplitSlice)
+      product(a_hi, b_hi, k0, std::min(kFp16SplitSlice, k - k0), alpha, one);
   }
   TG_CUDA_CHECK(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST), "gemm_fp16");  // before any throw: the handle is shared
   TG_CUDA_CHECK(status, "gemm_fp16");

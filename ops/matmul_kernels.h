@@ -109,7 +109,8 @@ Fp16Group to_fp16(const std::vector<Tensor>& xs, const std::vector<Tensor>& colu
 // fp32-level products on fp16 tensor cores ("highest" projections): each
 // matrix as a high and a low fp16 part (Fp16Group::lows), which gemm_fp16
 // multiplies as hi hi + 2^-11 (hi lo + lo hi) (the dropped lo lo term is
-// 2^-22 relative). The tensor cores truncate their fp32 accumulation, an
+// 2^-22 relative; an Inf's low part is 0, so it stays an Inf as in fp32).
+// The tensor cores truncate their fp32 accumulation, an
 // error that grows with k and has a sign, so hi hi goes in slices of at most
 // kFp16SplitSlice along k, each a fresh accumulation added to c in fp32
 // (2.5-3.8x fp32 FMA's error against fp64 at k = 2952; with slices of 1024,
@@ -124,7 +125,7 @@ Fp16Group fp16_group(const std::vector<Tensor>& xs);
 void convert_to_fp16(const std::vector<Tensor>& xs, const Fp16Group& group);
 // Untracked, CUDA: c = op(A) @ op(B) for matrices a and b of the group, op(x) =
 // x^T where transposed; fp32 accumulation and output, c [n, m] contiguous.
-// With a split group (to_fp16_split) the three products of each k slice.
+// With a split group (to_fp16_split): the cross terms, then hi hi by k slices.
 void gemm_fp16_into(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b, const Tensor& c);
 // The same into a new float32 c [n, m].
 Tensor gemm_fp16(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b);
