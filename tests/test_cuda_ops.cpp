@@ -207,7 +207,7 @@ TEST_CASE("cuda/to_fp16_split: hi + 2^-11 lo is x to 22 bits" * doctest::skip(kN
 
 // A split group's products have fp32's accuracy: on a weight gradient's
 // shape (k = tokens, five slices, both operands k-strided) and with every
-// transpose, the error against fp64 within 6x of cuBLAS's fp32 GEMM
+// transpose, the error against fp64 within 4x of cuBLAS's fp32 GEMM
 // (measured 2.5x and 3.8x on an H200; the truncating tensor-core
 // accumulation grows with the slice: slices of 1024 with the cross terms
 // sliced too gave 4.4-5x at k = 5000; a wrong slice, unscaled or missing
@@ -235,7 +235,7 @@ TEST_CASE("cuda/gemm_fp16: a split group gives fp32's accuracy over a long k, ev
         const tg::Tensor c = tg::full({96, 80}, std::nan(""), cuda32);
         tg::gemm_fp16_into(group, ta ? 0 : 2, ta, tb ? 3 : 1, tb, c);
         MESSAGE("split / fp32 error: " << error_of(c) / error_of(fp32) << ", fp16 / split: " << error_of(fp16) / error_of(c));
-        CHECK(error_of(c) <= 6 * error_of(fp32));
+        CHECK(error_of(c) <= 4 * error_of(fp32));
         CHECK(error_of(c) * 100 < error_of(fp16));
       }
   }
