@@ -118,9 +118,8 @@ __global__ void __launch_bounds__(kFp16Samples) sample_scale_kernel(const __grid
 }
 
 // The low part of scaled element y given its fp16 hi: kFp16LowFactor (y -
-// hi), exact before rounding; 0 where hi is Inf or NaN (an Inf then stays an
-// Inf in the products, as in fp32, not Inf - Inf).
-__device__ __forceinline__ float low_part(float y, float hi) { return isfinite(hi) ? kFp16LowFactor * (y - hi) : 0.f; }
+// hi), exact before rounding (NaN for an Inf: see to_fp16_split).
+__device__ __forceinline__ float low_part(float y, float hi) { return kFp16LowFactor * (y - hi); }
 
 // Pair i of out: two scaled elements y (exact: a power-of-two scale)
 // rounded to fp16; with kLow pair i of low: their low parts.
