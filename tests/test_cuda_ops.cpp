@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <limits>
+#include <random>
 
 #include "cuda_helpers.h"
 #include "op_table.h"
@@ -166,6 +167,44 @@ TEST_CASE("cuda/gemm_fp16: TF32's accuracy at any magnitude, every transpose, tw
   CHECK_THROWS_WITH(tg::gemm_fp16_into(group, 0, false, 4, false, tg::empty({33, 9}, {tg::DType::Float32, tg::Device::CUDA})),
                     doctest::Contains("matrices 0 and 4 of a group of 4"));
 }
+
+#ifdef TG_CUDA
+namespace tgtest {
+bool wgmma_supported();                                               // tests/wgmma_probe.cu
+void wgmma_product(const float* a, const float* b, int k, float* c);  // c = a b^T, 64 x 64 x k
+}  // namespace tgtest
+
+// wgmma (core/wgmma.cuh) on its own: a 64 x 64 x k product of values that
+// are multiples of 1/8 in [-2, 2] (exact in fp16, and every partial sum
+// exact in fp32), so it must equal the float64 product exactly; c poisoned
+// with NaN, and the accumulators start as NaN, which the first product must
+// overwrite. A wrong descriptor offset, core-matrix layout or accumulator
+// map puts values in the wrong place or sums the wrong ones.
+TEST_CASE("cuda/wgmma: a 64 x 64 product of exact values, every k step" *
+          doctest::skip(kNoGpu || !tgtest::wgmma_supported())) {
+  std::mt19937 gen(49);
+  std::uniform_int_distribution<int> eighths(-16, 16);
+  for (const int k : {16, 64, 128}) {
+    CAPTURE(k);
+    std::vector<double> av(64 * k), bv(64 * k);
+    for (double& v : av) v = eighths(gen) / 8.0;
+    for (double& v : bv) v = eighths(gen) / 8.0;
+    const tg::TensorOptions f32{tg::DType::Float32};
+    const tg::Tensor a = tg::from_vector(av, {64, k}, f32).cuda(), b = tg::from_vector(bv, {64, k}, f32).cuda();
+    const tg::Tensor c = tg::full({64, 64}, std::nan(""), {tg::DType::Float32, tg::Device::CUDA});
+    tgtest::wgmma_product(a.data<float>(), b.data<float>(), k, c.data<float>());
+    const std::vector<double> cv = c.cpu().to_vector();
+    int64_t wrong = 0;
+    for (int i = 0; i < 64; ++i)
+      for (int j = 0; j < 64; ++j) {
+        double want = 0;
+        for (int x = 0; x < k; ++x) want += av[i * k + x] * bv[j * k + x];
+        wrong += cv[i * 64 + j] != want;
+      }
+    CHECK(wrong == 0);
+  }
+}
+#endif
 
 // to_fp16_split's two parts rebuild each element to 22 bits: x times an
 // identity (exact in fp16, and each output a single product) gives hi + 2^-11

@@ -1,0 +1,68 @@
+// Hopper's warpgroup MMA (wgmma.mma_async, sm_90a): the four warps of a
+// warpgroup (128 threads) compute one 64 x N x 16 product together, both
+// operands read from shared memory through 64-bit descriptors, asynchronously:
+// issue, commit, and wait before the accumulators are read. The building block
+// of the next attention-kernel design (bench/NOTES.md version 17); for now
+// checked on its own by `cuda/wgmma` (tests/wgmma_probe.cu).
+//
+// Operands are K-major fp16 tiles without swizzle, made of core matrices of
+// 8 rows x 8 halves (16 bytes a row, 128 contiguous bytes): element (r, k) of
+// a tile with `k_cores` core matrices along K sits at byte
+//   (r / 8) * (k_cores * 128) + (k / 8) * 128 + (r % 8) * 16 + (k % 8) * 2,
+// so the core matrices next along K are 128 bytes on (the descriptor's
+// leading byte offset) and the next 8 rows k_cores * 128 (its stride byte
+// offset); the k-th product of 16 starts 256 k bytes in.
+//
+// Accumulators of a 64 x N product (f32), for thread l of warp w of the
+// warpgroup, g = l / 4, t = l % 4, j < N / 8: d[4j] (16w + g, 8j + 2t),
+// d[4j + 1] (16w + g, 8j + 2t + 1), d[4j + 2] (16w + g + 8, 8j + 2t),
+// d[4j + 3] (16w + g + 8, 8j + 2t + 1): mma.sync's C fragment, per warp.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace tg::cuda::wgmma {
+
+constexpr int kCoreBytes = 128;  // one 8 x 8 core matrix of halves
+
+// The descriptor of a K-major fp16 tile in shared memory (layout above),
+// starting at `tile` (16-byte aligned), with k_cores core matrices along K.
+__device__ __forceinline__ uint64_t k_major_descriptor(const void* tile, int k_cores) {
+  const auto field = [](uint32_t bytes) { return static_cast<uint64_t>((bytes & 0x3FFFF) >> 4); };
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(tile));
+  return field(address) | field(kCoreBytes) << 16 | field(k_cores * kCoreBytes) << 32;  // swizzle bits 0: none
+}
+
+// Where element (r, k) of such a tile lies, in halves from its start.
+__host__ __device__ constexpr int k_major_offset(int r, int k, int k_cores) {
+  return (r / 8) * k_cores * 64 + (k / 8) * 64 + (r % 8) * 8 + k % 8;
+}
+
+// Shared-memory writes made by ordinary stores, made visible to wgmma (which
+// reads through the async proxy); then a barrier before the first product.
+__device__ __forceinline__ void fence_shared_writes() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// Orders the accumulators' earlier register accesses before the products.
+__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+
+// Closes the group of products issued since the last commit.
+__device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+
+// Waits until at most kPending committed groups are still running.
+template <int kPending>
+__device__ __forceinline__ void wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+
+// d = A B^T (+ d where accumulate) for A 64 x 16 and B 64 x 16, both K-major
+// (descriptors a and b): the warpgroup's 64 x 64 x 16 product, issued.
+__device__ __forceinline__ void mma_64x64x16(float (&d)[32], uint64_t a, uint64_t b, bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)));
+}
+
+}  // namespace tg::cuda::wgmma
