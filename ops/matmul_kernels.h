@@ -109,9 +109,9 @@ Fp16Group to_fp16(const std::vector<Tensor>& xs, const std::vector<Tensor>& colu
 // fp32-level products on fp16 tensor cores ("highest" projections): each
 // matrix as a high and a low fp16 part (Fp16Group::lows), which gemm_fp16
 // multiplies as hi hi + 2^-11 (hi lo + lo hi) (the dropped lo lo term is
-// 2^-22 relative). A non-finite element leaves its row (column) of the
-// products non-finite, as in fp32, and no other: where fp32 gives an Inf the
-// split may give NaN (Inf - Inf, or Inf times another operand's low part 0).
+// 2^-22 relative). A non-finite element of a leaves its row of the product
+// all NaN (its low part is Inf - Inf), where fp32 gives NaN or +-Inf; of b,
+// its column; no other element changes (the scales ignore non-finite values).
 // The tensor cores truncate their fp32 accumulation, an
 // error that grows with k and has a sign, so hi hi goes in slices of at most
 // kFp16SplitSlice along k, each a fresh accumulation added to c in fp32

@@ -210,7 +210,7 @@ TEST_CASE("cuda/wgmma: a 64 x 64 product of exact values, every k step" *
 // identity (exact in fp16, and each output a single product) gives hi + 2^-11
 // lo unscaled, within 2^-21 |x| of x (to_fp16's hi alone: 2^-12), at any
 // magnitude; an Inf leaves its row of the product non-finite and every other
-// row as it was (its scale is the finite elements'); the hi parts and the
+// row as it was (the scales ignore non-finite values); the hi parts and the
 // scalars to_fp16 writes are to_fp16's, bit for bit.
 TEST_CASE("cuda/to_fp16_split: hi + 2^-11 lo is x to 22 bits" * doctest::skip(kNoGpu)) {
   tg::manual_seed(47);
@@ -233,7 +233,7 @@ TEST_CASE("cuda/to_fp16_split: hi + 2^-11 lo is x to 22 bits" * doctest::skip(kN
     }
     CHECK(split_err <= 0x1p-21);
     CHECK(plain_err > 0x1p-14);
-    std::vector<double> with_inf = xv;  // fp32 gives NaN (Inf times 0) and one -Inf in row 5; the split may give NaN
+    std::vector<double> with_inf = xv;  // fp32 gives NaN (Inf times 0) and one -Inf in row 5; the split NaN
     with_inf[5 * 67 + 7] = -INFINITY;
     const tg::Tensor c = tg::full({130, 67}, 0.0, cuda32);  // poison: finite in row 5, wrong elsewhere
     tg::gemm_fp16_into(tg::to_fp16_split({tg::from_vector(with_inf, {130, 67}, {tg::DType::Float32}).cuda(), eye}), 0,
