@@ -22,6 +22,11 @@
 
 #include <cstdint>
 
+// wgmma exists in the architecture-specific target alone: sm_90a, not sm_90.
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "core/wgmma.cuh: wgmma needs the sm_90a target (CUDA_ARCHITECTURES 90a), not plain sm_90"
+#endif
+
 namespace tg::cuda::wgmma {
 
 constexpr int kCoreBytes = 128;  // one 8 x 8 core matrix of halves
