@@ -7,16 +7,18 @@
 //   A (16 x 8, row-major):  a0 (g, t)  a1 (g+8, t)  a2 (g, t+4)  a3 (g+8, t+4)
 //   B (8 x 8, k x n):       b0 (k=t, n=g)  b1 (k=t+4, n=g)
 //   C (16 x 8):             c0 (g, 2t)  c1 (g, 2t+1)  c2 (g+8, 2t)  c3 (g+8, 2t+1)
-// Two precisions share the kernels' code through a policy: Tf32x3
+// The precisions share the kernels' code through a policy: Tf32x3
 // ("highest": each operand split as big + small, both TF32, and a b ~ a_big
-// b_big + a_big b_small + a_small b_big, which carries fp32-level accuracy)
-// and Fp16 ("high": fp16 operands, TF32's 10-bit mantissa, scaled by their
-// callers into fp16's range).
+// b_big + a_big b_small + a_small b_big, which carries fp32-level accuracy),
+// Fp16 ("high": fp16 operands, TF32's 10-bit mantissa, scaled by their
+// callers into fp16's range) and Fp16x3 ("highest" on fp16 operands, each
+// split as hi + 2^-11 lo: the section "fp16 operands" below).
 #pragma once
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "core/fp16_scale.cuh"
 
@@ -203,13 +205,69 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
 struct Fp16 {
   using Staged = __half;
   static constexpr bool kHighest = false;
+  static constexpr int kParts = 1;  // fp16 values per operand element
 };
 
-// acc (16 x 8N) += A (16 x 8K) B (8K x 8N) for one warp, fp16 tiles: A is rows
-// a_row(r), r in [0, 16), of a row-major shared tile; B is n-tiles n0 ..
-// n0 + 8N - 1 of an n-major shared tile ([n][k]). The template parameters
-// are the TF32 version's, so that a kernel calls both alike: K counts 8-wide
-// k blocks (a step takes two); Mma is not used.
+// "highest" on fp16 tensor cores: each operand x (scaled into fp16's range)
+// as hi + 2^-11 lo, both fp16, lo = 2^11 (x - hi) (to_fp16_split's form: 22
+// bits of x), and a b ~ hi hi + 2^-11 (hi lo + lo hi), 3xTF32's accuracy
+// in half its tensor-core instructions. As in Tf32x3, a product's terms go
+// into a fresh accumulator, the small ones first, added to the running one
+// by one rounded FADD. A staged tile row holds its 64 hi values, then its 64
+// lo values (kLowOffset).
+struct Fp16x3 {
+  using Staged = __half;
+  static constexpr bool kHighest = true;
+  static constexpr int kParts = 2;
+};
+constexpr int kLowOffset = 64;      // from a staged hi value to its lo value, in elements
+constexpr float kLowFactor = 2048;  // lo = kLowFactor (x - hi)
+
+// Every part's four registers (ldmatrix_x4) from `row`, a lane's address of
+// its hi values (the lo values kLowOffset further).
+template <class Mma, bool kTrans = false>
+__device__ __forceinline__ void ldmatrix_parts(uint32_t (&r)[Mma::kParts][4], const __half* row) {
+#pragma unroll
+  for (int part = 0; part < Mma::kParts; ++part) ldmatrix_x4<kTrans>(r[part], row + part * kLowOffset);
+}
+
+// Register i of every part of the scaled pair (x, y): hi rounded to
+// nearest, and with Fp16x3 lo = kLowFactor ((x, y) - hi) rounded again.
+template <class Mma>
+__device__ __forceinline__ void pack_parts(uint32_t (&r)[Mma::kParts][4], int i, float x, float y) {
+  r[0][i] = pack_half2(x, y);
+  if constexpr (Mma::kParts == 2) {
+    __half2 hi;
+    memcpy(&hi, &r[0][i], sizeof hi);
+    const float2 h = __half22float2(hi);
+    r[1][i] = pack_half2(kLowFactor * (x - h.x), kLowFactor * (y - h.y));
+  }
+}
+
+// d += a b on one 16 x 8 x 16 tile from every part of a and of b (b's
+// registers j and j + 1: ldmatrix's n-tile j / 2).
+template <class Mma>
+__device__ __forceinline__ void mma_parts(float (&d)[4], const uint32_t (&a)[Mma::kParts][4],
+                                          const uint32_t (&b)[Mma::kParts][4], int j) {
+  if constexpr (Mma::kParts == 1) {
+    mma_16x8x16(d, a[0], b[0][j], b[0][j + 1]);
+  } else {
+    float step[4] = {};
+    mma_16x8x16(step, a[0], b[1][j], b[1][j + 1]);  // hi lo
+    mma_16x8x16(step, a[1], b[0][j], b[0][j + 1]);  // lo hi
+#pragma unroll
+    for (int i = 0; i < 4; ++i) step[i] *= 1.f / kLowFactor;
+    mma_16x8x16(step, a[0], b[0][j], b[0][j + 1]);  // hi hi
+#pragma unroll
+    for (int i = 0; i < 4; ++i) d[i] += step[i];
+  }
+}
+
+// acc (16 x 8N) += A (16 x 8K) B (8K x 8N) for one warp, fp16 tiles (Fp16 or
+// Fp16x3): A is rows a_row(r), r in [0, 16), of a row-major shared tile; B is
+// n-tiles n0 .. n0 + 8N - 1 of an n-major shared tile ([n][k]). The template
+// parameters are the TF32 version's, so that a kernel calls both alike: K
+// counts 8-wide k blocks (a step takes two).
 template <class Mma, int K, int N, class RowOf>
 __device__ __forceinline__ void tile_product(float (&acc)[N][4], const __half* a_tile, int a_stride, const RowOf& a_row,
                                              const __half* b_tile, int b_stride, int n0, int lane) {
@@ -217,37 +275,38 @@ __device__ __forceinline__ void tile_product(float (&acc)[N][4], const __half* a
   const int block = lane >> 3;
 #pragma unroll
   for (int ks = 0; ks < K / 2; ++ks) {
-    uint32_t a[4];
-    ldmatrix_x4(a, a_tile + a_row((lane & 7) + 8 * (block & 1)) * a_stride + 16 * ks + 8 * (block >> 1));
+    uint32_t a[Mma::kParts][4];
+    ldmatrix_parts<Mma>(a, a_tile + a_row((lane & 7) + 8 * (block & 1)) * a_stride + 16 * ks + 8 * (block >> 1));
 #pragma unroll
     for (int np = 0; np < N / 2; ++np) {
-      uint32_t b[4];  // n-tile 2 np: b[0], b[1]; n-tile 2 np + 1: b[2], b[3]
-      ldmatrix_x4(b, b_tile + (n0 + 16 * np + (lane & 7) + 8 * (block >> 1)) * b_stride + 16 * ks + 8 * (block & 1));
-      mma_16x8x16(acc[2 * np], a, b[0], b[1]);
-      mma_16x8x16(acc[2 * np + 1], a, b[2], b[3]);
+      uint32_t b[Mma::kParts][4];  // n-tile 2 np: registers 0, 1; n-tile 2 np + 1: 2, 3
+      ldmatrix_parts<Mma>(b, b_tile + (n0 + 16 * np + (lane & 7) + 8 * (block >> 1)) * b_stride + 16 * ks +
+                                 8 * (block & 1));
+      mma_parts<Mma>(acc[2 * np], a, b, 0);
+      mma_parts<Mma>(acc[2 * np + 1], a, b, 2);
     }
   }
 }
 
-// acc (16 x 8N) += a (k-step ks's A fragment) times rows 16 ks .. 16 ks + 15
-// of a k-major fp16 shared tile ([k][n], read transposed).
-template <int N>
-__device__ __forceinline__ void mma_times_k_major(float (&acc)[N][4], const uint32_t (&a)[4], const __half* b_tile,
-                                                  int b_stride, int ks, int lane) {
+// acc (16 x 8N) += a (k-step ks's A fragment, every part) times rows 16 ks ..
+// 16 ks + 15 of a k-major fp16 shared tile ([k][n], read transposed).
+template <class Mma, int N>
+__device__ __forceinline__ void mma_times_k_major(float (&acc)[N][4], const uint32_t (&a)[Mma::kParts][4],
+                                                  const __half* b_tile, int b_stride, int ks, int lane) {
   const int block = lane >> 3;
   const __half* rows = b_tile + (16 * ks + (lane & 7) + 8 * (block & 1)) * b_stride + 8 * (block >> 1);
 #pragma unroll
   for (int np = 0; np < N / 2; ++np) {
-    uint32_t b[4];
-    ldmatrix_x4<true>(b, rows + 16 * np);
-    mma_16x8x16(acc[2 * np], a, b[0], b[1]);
-    mma_16x8x16(acc[2 * np + 1], a, b[2], b[3]);
+    uint32_t b[Mma::kParts][4];
+    ldmatrix_parts<Mma, true>(b, rows + 16 * np);
+    mma_parts<Mma>(acc[2 * np], a, b, 0);
+    mma_parts<Mma>(acc[2 * np + 1], a, b, 2);
   }
 }
 
 // acc (16 x 8N) += A B with A an earlier product's accumulators (16 x 8K,
-// rounded to fp16 as they are) and B a k-major fp16 shared tile (Mma, not
-// used: the TF32 version's signature).
+// rounded to fp16 as they are, split with Fp16x3) and B a k-major fp16 shared
+// tile.
 template <class Mma, int K, int N>
 __device__ __forceinline__ void accumulator_product(float (&acc)[N][4], const float (&a_acc)[K][4], const __half* b_tile,
                                                     int b_stride, int lane) {
@@ -256,16 +315,19 @@ __device__ __forceinline__ void accumulator_product(float (&acc)[N][4], const fl
   for (int ks = 0; ks < K / 2; ++ks) {
     const float(&lo)[4] = a_acc[2 * ks];
     const float(&hi)[4] = a_acc[2 * ks + 1];
-    const uint32_t a[4] = {pack_half2(lo[0], lo[1]), pack_half2(lo[2], lo[3]), pack_half2(hi[0], hi[1]),
-                           pack_half2(hi[2], hi[3])};
-    mma_times_k_major(acc, a, b_tile, b_stride, ks, lane);
+    uint32_t a[Mma::kParts][4];
+    pack_parts<Mma>(a, 0, lo[0], lo[1]);
+    pack_parts<Mma>(a, 1, lo[2], lo[3]);
+    pack_parts<Mma>(a, 2, hi[0], hi[1]);
+    pack_parts<Mma>(a, 3, hi[2], hi[3]);
+    mma_times_k_major<Mma>(acc, a, b_tile, b_stride, ks, lane);
   }
 }
 
 // acc (16 x 8N) += (a_scale A) B with A rows a_row(r) of a row-major float32
-// shared tile (16 x 8K, rounded to fp16 as loaded) and B a k-major fp16
-// shared tile.
-template <int K, int N, class RowOf>
+// shared tile (16 x 8K, rounded to fp16 as loaded, split with Fp16x3) and B a
+// k-major fp16 shared tile.
+template <class Mma, int K, int N, class RowOf>
 __device__ __forceinline__ void scaled_float_product(float (&acc)[N][4], const float* a_tile, int a_stride,
                                                      const RowOf& a_row, float a_scale, const __half* b_tile,
                                                      int b_stride, int lane) {
@@ -275,14 +337,14 @@ __device__ __forceinline__ void scaled_float_product(float (&acc)[N][4], const f
   const float* row1 = a_tile + a_row(g + 8) * a_stride + 2 * t;
 #pragma unroll
   for (int ks = 0; ks < K / 2; ++ks) {
-    uint32_t a[4];
+    uint32_t a[Mma::kParts][4];
     const float* at[4] = {row0 + 16 * ks, row1 + 16 * ks, row0 + 16 * ks + 8, row1 + 16 * ks + 8};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const float2 v = *reinterpret_cast<const float2*>(at[i]);
-      a[i] = pack_half2(a_scale * v.x, a_scale * v.y);
+      pack_parts<Mma>(a, i, a_scale * v.x, a_scale * v.y);
     }
-    mma_times_k_major(acc, a, b_tile, b_stride, ks, lane);
+    mma_times_k_major<Mma>(acc, a, b_tile, b_stride, ks, lane);
   }
 }
 

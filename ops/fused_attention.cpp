@@ -641,10 +641,12 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
   g.dE = out.edit_region_bias, g.dw_in = out.within_edit_bias.view({L.H}), g.dw_x = out.cross_edit_bias.view({L.H});
   const Tensor sums = empty({2, L.B, L.H, L.S}, opts);  // one fill for both
   g.colsum_ds = sums.narrow(0, 0, 1).squeeze(0), g.rowsum_pd = sums.narrow(0, 1, 1).squeeze(0);
-  // At "high" on CUDA the core reads fp16 copies of q, k and v.
+  // On CUDA the core reads fp16 copies of q, k and v (and of dout), at
+  // "highest" split as hi + 2^-11 lo.
   const int64_t rows = L.B * L.H * L.S;
+  const bool split = precision == MatmulPrecision::Highest;
   const std::vector<Tensor> qkv_rows = {in.query.view({rows, L.D}), in.key.view({rows, L.D}), in.value.view({rows, L.D})};
-  if (x.is_cuda() && precision == MatmulPrecision::High && rows > 0) core.qkv_half = fp16_group(qkv_rows);
+  if (x.is_cuda() && rows > 0) core.qkv_half = fp16_group(qkv_rows, split);
 
   // The fills of what the core adds to, and q, k, v's conversion, run beside
   // the out-projection (on a second CUDA stream): none of them waits for it.
@@ -665,7 +667,8 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
   g.dout = dout;
   g.delta = empty({L.B, L.H, L.S}, opts);
   TG_DISPATCH_DEVICE(x, FusedAttentionKernels, row_dot, dout, in.attention_output, g.delta, core.d);
-  if (!core.qkv_half.matrices.empty()) g.dout_half = to_fp16({rows_view(dout, L.C)});
+  if (!core.qkv_half.matrices.empty())
+    g.dout_half = split ? to_fp16_split({rows_view(dout, L.C)}) : to_fp16({rows_view(dout, L.C)});
   beside.join();
   TG_DISPATCH_DEVICE(x, FusedAttentionKernels, backward, core, g, precision);
 

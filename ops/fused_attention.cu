@@ -1,6 +1,7 @@
 // The fused attention kernels: the forward (one pass over the keys with an
 // online softmax) and the backward (one pass per key tile over the queries),
-// on fp16 tensor cores (at "high") or 3xTF32 (at "highest") (core/mma.cuh),
+// on fp16 tensor cores (at "high"; at "highest" the benchmark interface's
+// backward on split fp16 operands) or 3xTF32 (at "highest") (core/mma.cuh),
 // tiles loaded with cp.async (core/async_copy.cuh). docs/derivations.md derives the math;
 // the CPU kernels in fused_attention.cpp run the same algorithm as loops.
 #include <algorithm>
@@ -23,6 +24,7 @@ namespace tg::cuda {
 namespace {
 
 using mma::Fp16;
+using mma::Fp16x3;
 using mma::Tf32x3;
 
 constexpr int kD = 64;        // the head dim the kernels cover
@@ -279,12 +281,20 @@ __device__ __forceinline__ float keep_factor(const ScoreArgs& sc, uint32_t bits,
 constexpr int kHalfQ = 0, kHalfK = 1, kHalfV = 2, kHalfDO = 3;
 constexpr int kHalfStride = 72;  // fp16 tiles: 144-byte rows, so ldmatrix's 8 rows hit distinct banks
 static_assert(kHalfStride >= kD && kHalfStride % 8 == 0 && (kHalfStride / 2) % 32 == 4, "kHalfStride: see above");
+// Fp16x3 tiles: a row's 64 hi values, its 64 lo values, 8 of padding: 272-byte rows, ldmatrix's 8 rows in distinct banks.
+constexpr int kSplitStride = 136;
+static_assert(mma::kLowOffset == kD && kSplitStride >= 2 * kD && kSplitStride % 8 == 0 && (kSplitStride / 2) % 32 == 4,
+              "kSplitStride: see above");
+static_assert(mma::kLowFactor == kFp16LowFactor, "the kernels read to_fp16_split's low parts");
 struct HalfOperands {
   HeadRows<const __half> q, k, v;
   const __half* dout;        // [B,S,H*D] (the backward's)
   const float* scalars[4];   // of q, k, v, dO
   int matrix[4];             // of q, k, v, dO in its group
   float pd_scale;
+  // With the Fp16x3 policy: the low parts of q, k, v and dO (to_fp16_split), at the same scales.
+  HeadRows<const __half> q_low{}, k_low{}, v_low{};
+  const __half* dout_low = nullptr;
   __device__ float inverse_scale(int x) const { return fp16_inverse_scale(scalars[x], matrix[x]); }  // 1 / s_x
   __device__ float bound_scale(int x) const { return scalars[x][kFp16BoundScales + matrix[x]]; }
 };
@@ -297,13 +307,13 @@ __device__ auto operand_rows(const HeadRows<const float>& f, const HeadRows<cons
 }
 
 // The operand tiles of both kernels, 64 rows of Mma::Staged (fp16 rows of
-// kHalfStride, or float rows of kStride), and the float tiles of 64 rows of
-// kStride.
+// kHalfStride, Fp16x3's hi and lo rows of kSplitStride, or float rows of
+// kStride), and the float tiles of 64 rows of kStride.
 template <class Mma>
 struct TileLayout {
   using Staged = typename Mma::Staged;
-  static constexpr bool kHalf = sizeof(Staged) == 2;
-  static constexpr int kTileStride = kHalf ? kHalfStride : kStride;
+  static constexpr bool kHalf = sizeof(Staged) == 2, kSplit = kHalf && Mma::kHighest;
+  static constexpr int kTileStride = kSplit ? kSplitStride : kHalf ? kHalfStride : kStride;
   static constexpr size_t kTile = size_t(64) * kTileStride * sizeof(Staged), kFloatTile = 64 * kStride * sizeof(float);
   static_assert(kTile % 16 == 0 && kFloatTile % 16 == 0, "tiles start on 16-byte boundaries");
 };
@@ -462,7 +472,7 @@ __global__ void __launch_bounds__(kFwdThreads, ForwardLayout<Mma>::kMinCtasPerSm
 
 // --------------------------------------------------------------- backward
 // One CTA per (64 keys, b, h, split of the query tiles), 4 warps of 16 keys,
-// two or three CTAs per SM. The CTA keeps its keys' V and K (and K^T for the
+// two or three CTAs per SM (BackwardLayout). The CTA keeps its keys' V and K (and K^T for the
 // 3xTF32 products of dQ) and walks query tiles of 64. Per warp and tile, in the
 // transposed orientation (rows = keys):
 //   S^T = K Q^T (recompute)  ->  P^T, Pd^T;   dPd^T = V dO^T;   dS^T
@@ -479,7 +489,10 @@ __global__ void __launch_bounds__(kFwdThreads, ForwardLayout<Mma>::kMinCtasPerSm
 // With the Fp16 policy ("high") Q, K, V and dO arrive as fp16 copies scaled
 // by powers of two (to_fp16), K Q^T (recomputed) is unscaled, dS is scaled by
 // a power of two from a bound on |dS| before it is rounded to fp16, and every
-// product is unscaled where it is used (BackwardScales).
+// product is unscaled where it is used (BackwardScales). The Fp16x3 policy
+// ("highest" reading P) is the same with every operand as fp16 hi + 2^-11 lo:
+// Q, K, V and dO from to_fp16_split's copies (both parts staged, two CTAs per
+// SM), Pd and dS split in registers.
 
 constexpr int kBwdKeys = 64, kBwdRows = 64, kBwdThreads = 128;
 static_assert(kBwdRows <= kBwdKeys && kBwdKeys <= kStride, "float tiles ([query][key] or [key][d]) fit stride kStride");
@@ -488,18 +501,18 @@ static_assert(kBwdKeys == 16 * (kBwdThreads / 32) && kBwdRows == kBwdKeys,
 
 // The backward's shared memory, in bytes: the operand tiles K, V, Q and dO
 // (Mma::Staged), then float tiles: dS (P or E in, dS out) and a second one,
-// K^T for the 3xTF32 dQ product or, with fp16 tiles and kRead, the Pd tile
-// (3xTF32 stages Pd where K was, once K^T is made; fp16 tiles in training
-// have none); then per-query and per-key vectors.
+// K^T for the 3xTF32 dQ product or, with kRead, the Pd tile (fp16 tiles in
+// training have none); then per-query vectors (at "highest" with kRead each
+// warp's four row sums) and per-key vectors.
 template <class Mma, bool kRead>
 struct BackwardLayout : TileLayout<Mma> {
   using T = TileLayout<Mma>;
-  static constexpr int kCtasPerSm = T::kHalf ? 3 : 2;
+  static constexpr int kCtasPerSm = T::kHalf && !T::kSplit ? 3 : 2;  // Fp16x3: 111 KB
   static constexpr bool kSecondTile = !T::kHalf || kRead;
   static constexpr size_t kK = 0, kV = T::kTile, kQ = 2 * T::kTile, kDO = 3 * T::kTile, kDS = 4 * T::kTile,
                           kSecond = kDS + T::kFloatTile,
                           kSums = kSecond + (kSecondTile ? T::kFloatTile : 0),  // q_sums: doubles first
-      kRows = kSums + 4 * kBwdRows * sizeof(double), kKeys = kRows + 3 * kBwdRows * sizeof(float),
+      kRows = kSums + (kRead && Mma::kHighest ? kBwdThreads / 32 * 4 * kBwdRows * sizeof(double) : 0), kKeys = kRows + 3 * kBwdRows * sizeof(float),
                           kBytes = kKeys + 2 * kBwdKeys * sizeof(float);
 };
 
@@ -562,14 +575,23 @@ __device__ BackwardScales backward_scales(const BackwardArgs& p) {
 
 __device__ __forceinline__ int key_of_row(int warp, int r) { return 16 * warp + (r < 8 ? 2 * r : 2 * (r - 8) + 1); }
 
-// Adds v, summed over the warp's 16 keys (the lanes of one t), to *row in
-// shared memory.
+// Sums each of the eight values v[0 .. 7] over the eight lanes of one t (the
+// warp's 16 keys) and returns sum g to lane g: three halving exchanges (over
+// g's bits 2, 1, 0) in which a lane keeps the half its bit selects and sends
+// the other, 7 shuffles where a whole reduction of each value takes 24.
 template <class T>
-__device__ __forceinline__ void add_over_warp_keys(T v, T* row, int g) {
-  v += __shfl_xor_sync(0xffffffffu, v, 4);
-  v += __shfl_xor_sync(0xffffffffu, v, 8);
-  v += __shfl_xor_sync(0xffffffffu, v, 16);
-  if (g == 0) atomicAdd(row, v);
+__device__ __forceinline__ T sum_over_warp_keys(T (&v)[8], int g) {
+#pragma unroll
+  for (int bit = 2; bit >= 0; --bit) {
+    const int half = 1 << bit;
+    const bool upper = (g >> bit) & 1;
+#pragma unroll
+    for (int i = 0; i < half; ++i) {
+      const T keep = upper ? v[i + half] : v[i], send = upper ? v[i] : v[i + half];
+      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, 4 << bit);
+    }
+  }
+  return v[0];
 }
 
 // Adds the sums of rows 16 warp .. 16 warp + 15 of a float tile 64 wide to
@@ -628,6 +650,7 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
   using Layout = BackwardLayout<Mma, kRead>;
   using Staged = typename Layout::Staged;
   constexpr bool kHalf = Layout::kHalf, kRowSums = kRead && Mma::kHighest;
+  static_assert(kHalf || !kRead, "reading P and Pd: fp16 tiles (Fp16 or Fp16x3)");
   constexpr int kTs = Layout::kTileStride;
   extern __shared__ __align__(16) unsigned char smem_bytes[];
   const auto at = [&](size_t offset) { return smem_bytes + offset; };
@@ -636,9 +659,10 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
   Staged* Qs = reinterpret_cast<Staged*>(at(Layout::kQ));     // [query][d]
   Staged* dOs = reinterpret_cast<Staged*>(at(Layout::kDO));   // [query][d]
   float* dSs = reinterpret_cast<float*>(at(Layout::kDS));     // [query][key]: P (kRead) or E, then dS
-  float* KTs = Layout::kSecondTile ? reinterpret_cast<float*>(at(Layout::kSecond)) : nullptr;  // [d][key] (float tiles)
-  float* Pds = kHalf ? KTs : reinterpret_cast<float*>(Ks);    // [query][key] with kRead
-  double* q_sums = reinterpret_cast<double*>(at(Layout::kSums));  // [4][query]: see kRowSums
+  float* second = Layout::kSecondTile ? reinterpret_cast<float*>(at(Layout::kSecond)) : nullptr;
+  float* KTs = second;  // [d][key] with float tiles
+  float* Pds = second;  // [query][key] with kRead
+  double* q_sums = reinterpret_cast<double*>(at(Layout::kSums));  // [warp][4][query]: see kRowSums
   float* q_lse = reinterpret_cast<float*>(at(Layout::kRows));
   float* q_delta = q_lse + kBwdRows;
   float* q_e = q_delta + kBwdRows;
@@ -662,14 +686,21 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
   const auto q_rows = operand_rows<kHalf>(p.q, p.half.q), k_rows = operand_rows<kHalf>(p.k, p.half.k);
   const auto v_rows = operand_rows<kHalf>(p.v, p.half.v);
   const auto dout = operand_rows<kHalf>({p.dout, sc.S * C, kD, C}, {p.half.dout, sc.S * C, kD, C});
+  const HeadRows<const __half> dout_low{p.half.dout_low, sc.S * C, kD, C};
+  // Rows row0 .. row0 + 63 of an operand into its tile (row r at order(r)), with Fp16x3 the low parts beside them.
+  const auto copy_operand = [&](const auto& rows, const auto& lows, int64_t row0, Staged* dst, auto order) {
+    copy_head_rows<kBwdThreads>(rows, b, h, row0, kBwdRows, sc.S, dst, kTs, order);
+    if constexpr (Layout::kSplit)
+      copy_head_rows<kBwdThreads>(lows, b, h, row0, kBwdRows, sc.S, dst + mma::kLowOffset, kTs, order);
+  };
   // The tile's [query][key] corner of a [.., S or M, S or M] matrix.
   const auto copy_scores = [&](const float* m, int64_t ld, int64_t q0, float* dst) {
     copy_tile<kBwdThreads, kBwdRows, kBwdKeys>(m + q0 * ld + k0, ld, sc.S - q0, sc.S - k0, dst, kStride);
   };
   const auto probs = [&](const float* m) { return m + bh * sc.S * sc.S; };
   const auto copy_queries = [&](int64_t qt) {
-    copy_head_rows<kBwdThreads>(q_rows, b, h, qt * kBwdRows, kBwdRows, sc.S, Qs, kTs);
-    copy_head_rows<kBwdThreads>(dout, b, h, qt * kBwdRows, kBwdRows, sc.S, dOs, kTs);
+    copy_operand(q_rows, p.half.q_low, qt * kBwdRows, Qs, SameRow{});
+    copy_operand(dout, dout_low, qt * kBwdRows, dOs, SameRow{});
     if (threadIdx.x < kBwdRows) {  // the per-query values, zeros past S (where recompute's P is 0)
       const int i = static_cast<int>(qt) * kBwdRows + threadIdx.x;
       const bool ok = i < sc.S;
@@ -680,8 +711,8 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
     }
   };
 
-  copy_head_rows<kBwdThreads>(k_rows, b, h, k0, kBwdKeys, sc.S, Ks, kTs);
-  copy_head_rows<kBwdThreads>(v_rows, b, h, k0, kBwdKeys, sc.S, Vs, kTs, FragmentOrder{});
+  copy_operand(k_rows, p.half.k_low, k0, Ks, SameRow{});
+  copy_operand(v_rows, p.half.v_low, k0, Vs, FragmentOrder{});
   copy_queries(split);
   async::commit();
   load_key_flags(sc, b, k0, kBwdKeys, key_e, key_ok);
@@ -689,7 +720,6 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
   __syncthreads();
   if constexpr (!kHalf) transpose_rows<kBwdThreads>(Ks, kBwdKeys, KTs, kStride);
   if constexpr (kRead) {
-    if constexpr (!kHalf) __syncthreads();  // K is transposed: its space takes the first Pd tile
     copy_scores(probs(p.Pd), sc.S, split * kBwdRows, Pds);
     async::commit();
   }
@@ -719,11 +749,9 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
     // of query tile (g & 3) >> 1 (of nt 0 and 1), at its keys' 8 columns.
     const uint64_t tile_block =
         dropout_block(bh * sc.S + q0 + 8 * ((g & 3) >> 1) + 2 * t + (g & 1), k0 + 16 * warp + 8 * (g >> 2), sc.S);
-    __syncthreads();  // the previous tile's dS (and q_sums) are no longer read
+    __syncthreads();  // the previous tile's dS and q_sums are no longer read
     copy_scores(kRead ? probs(p.P) : sc.E + h * sc.M * sc.M, kRead ? sc.S : sc.M, q0, dSs);
     async::commit();
-    if (kRowSums && threadIdx.x < kBwdRows)
-      for (int f = 0; f < 4; ++f) q_sums[f * kBwdRows + threadIdx.x] = 0;
     async::wait<1>();  // this tile's Q, dO, e, Delta (lse) and Pd are in; its P or E may still be on the way
     __syncthreads();
 
@@ -743,7 +771,7 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
     for (int nt = 0; nt < 8; ++nt) {
       const int il0 = 8 * nt + 2 * t;
       if (recompute && nt % 2 == 0) quad_draws(sc, tile_block + nt * tile_step, g & 3, 2, draws);
-      double sums[4][2] = {};  // kRowSums: A, B, m, n per query column
+      double sums[8] = {};  // kRowSums: A, B, m, n (f = 0 .. 3) of query column il0 + c at 2 f + c
       // Per query column il, the thread's two keys jl[0] and jl[1] = jl[0] + 1
       // are side by side: P (or E), Pd and dS move as float2, which also
       // keeps the warp's accesses free of bank conflicts at stride kStride.
@@ -780,10 +808,10 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
             d = dropped * dpd - prob * q_delta[il];
             if constexpr (kRowSums) {
               const double pdp = double(dropped) * dpd;
-              sums[0][cq] += pdp * ej[r];
-              sums[1][cq] += pdp * (1.f - ej[r]);
-              sums[2][cq] += double(prob) * ej[r];
-              sums[3][cq] += double(prob) * (1.f - ej[r]);
+              sums[cq] += pdp * ej[r];
+              sums[2 + cq] += pdp * (1.f - ej[r]);
+              sums[4 + cq] += double(prob) * ej[r];
+              sums[6 + cq] += double(prob) * (1.f - ej[r]);
             }
           }
           pd[nt][c] = recompute ? dropped : pd_factor * dropped;
@@ -794,11 +822,8 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
         }
         *staged = make_float2(out[0], out[1]);
       }
-      if constexpr (kRowSums)
-#pragma unroll
-        for (int f = 0; f < 4; ++f)
-#pragma unroll
-          for (int c = 0; c < 2; ++c) add_over_warp_keys(sums[f][c], &q_sums[f * kBwdRows + il0 + c], g);
+      if constexpr (kRowSums)  // lane g holds sum f = g / 2 of query il0 + g % 2 over the warp's keys
+        q_sums[(4 * warp + (g >> 1)) * kBwdRows + il0 + (g & 1)] = sum_over_warp_keys(sums, g);
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -827,7 +852,7 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
     {
       float dq[8][4] = {};
       if constexpr (kHalf)
-        mma::scaled_float_product<kBwdKeys / 8, 8>(dq, dSs, kStride, warp_rows, factor.ds, Ks, kTs, lane);
+        mma::scaled_float_product<Mma, kBwdKeys / 8, 8>(dq, dSs, kStride, warp_rows, factor.ds, Ks, kTs, lane);
       else
         mma::tile_product<Mma, kBwdKeys / 8, 8>(dq, dSs, kStride, warp_rows, KTs, kStride, 0, lane);
       mma::write_tile(dq, factor.dq, [&](int r) {
@@ -868,7 +893,11 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
     }
     if (kRowSums && threadIdx.x < kBwdRows && q0 + threadIdx.x < sc.S) {
       const int64_t row = bh * sc.S + q0 + threadIdx.x, rows = sc.B * sc.H * sc.S;
-      for (int f = 0; f < 4; ++f) atomicAdd(p.row_sums + f * rows + row, q_sums[f * kBwdRows + threadIdx.x]);
+      for (int f = 0; f < 4; ++f) {
+        double sum = 0;
+        for (int w = 0; w < kBwdThreads / 32; ++w) sum += q_sums[(4 * w + f) * kBwdRows + threadIdx.x];
+        atomicAdd(p.row_sums + f * rows + row, sum);
+      }
     }
   }
 
@@ -1066,9 +1095,7 @@ float pd_scale(double p) {
   return std::ldexp(1.f, -e_keep);
 }
 
-const __half* half_values(const Fp16Group& group, int matrix) {
-  return reinterpret_cast<const __half*>(group.matrices[matrix].values.data<float>());
-}
+const __half* half_values(const Fp16Matrix& m) { return reinterpret_cast<const __half*>(m.values.data<float>()); }
 
 // q, k, v from qkv's fp16 copy (training): a contiguous [B S, 3C] matrix,
 // head h of part t at column t C + h D.
@@ -1076,7 +1103,7 @@ HalfOperands qkv_half_operands(const AttentionInputs& in) {
   const AttentionDims d = in.d;
   TG_CHECK(in.qkv_half.matrices.size() == 1, "fused_attention: fp16 tiles in training need qkv's fp16 copy");
   const int64_t C = d.H * kD;
-  const __half* qkv = half_values(in.qkv_half, 0);
+  const __half* qkv = half_values(in.qkv_half.matrices[0]);
   const auto heads = [&](int t) { return HeadRows<const __half>{qkv + t * C, d.S * 3 * C, kD, 3 * C}; };
   const float* s = in.qkv_half.scalars.data<float>();
   return {heads(kHalfQ), heads(kHalfK), heads(kHalfV), nullptr, {s, s, s, nullptr}, {0, 0, 0, 0}, pd_scale(in.p)};
@@ -1096,36 +1123,48 @@ void launch_forward(const AttentionInputs& in, const Tensor& o, const Tensor& ls
 
 // The backward's fp16 operands: q, k, v from in.qkv_half (in training the
 // forward's copy of qkv; for the benchmark interface the caller's copies of
-// q, k and v), dout from g.dout_half.
-HalfOperands half_operands(const AttentionInputs& in, const AttentionGradTensors& g, bool read) {
+// q, k and v), dout from g.dout_half; with `split` (Fp16x3) their low parts
+// too (to_fp16_split's groups).
+HalfOperands half_operands(const AttentionInputs& in, const AttentionGradTensors& g, bool read, bool split) {
   const AttentionDims d = in.d;
   TG_CHECK(g.dout_half.matrices.size() == 1, "fused_attention_backward: fp16 tiles need dout's fp16 copy");
+  TG_CHECK(!split || (read && in.qkv_half.lows.size() == 3 && g.dout_half.lows.size() == 1),
+           "fused_attention_backward: split fp16 tiles read P and need the low parts of q, k, v and dout "
+           "(to_fp16_split); got ", in.qkv_half.lows.size(), " and ", g.dout_half.lows.size());
   HalfOperands h;
   if (read) {
     TG_CHECK(in.qkv_half.matrices.size() == 3, "fused_attention_backward: fp16 tiles reading P need q, k, v's "
              "fp16 copies (three matrices), got ", in.qkv_half.matrices.size());
-    const auto heads = [&](int t) {
-      return HeadRows<const __half>{half_values(in.qkv_half, t), d.H * d.S * kD, d.S * kD, kD};
+    const auto heads = [&](const Fp16Matrix& m) {
+      return HeadRows<const __half>{half_values(m), d.H * d.S * kD, d.S * kD, kD};
     };
+    const auto& hi = in.qkv_half.matrices;
     const float* s = in.qkv_half.scalars.data<float>();
-    h = {heads(kHalfQ), heads(kHalfK), heads(kHalfV), nullptr, {s, s, s, nullptr}, {0, 1, 2, 0}, pd_scale(in.p)};
+    h = {heads(hi[kHalfQ]), heads(hi[kHalfK]), heads(hi[kHalfV]), nullptr, {s, s, s, nullptr}, {0, 1, 2, 0},
+         pd_scale(in.p)};
+    if (split) {
+      const auto& lo = in.qkv_half.lows;
+      h.q_low = heads(lo[kHalfQ]), h.k_low = heads(lo[kHalfK]), h.v_low = heads(lo[kHalfV]);
+      h.dout_low = half_values(g.dout_half.lows[0]);
+    }
   } else {
     h = qkv_half_operands(in);
   }
-  h.dout = half_values(g.dout_half, 0);
+  h.dout = half_values(g.dout_half.matrices[0]);
   h.scalars[kHalfDO] = g.dout_half.scalars.data<float>();
   return h;
 }
 
-// The backward's policy: fp16 tiles at "high", 3xTF32 at "highest";
-// f(policy, kRead) with kRead: P read (the benchmark interface), else
-// recomputed (training).
+// The backward's policy: fp16 tiles at "high"; at "highest" split fp16
+// tiles reading P (the benchmark interface, whose caller converts q, k, v
+// and dout by to_fp16_split), 3xTF32 in training; f(policy, kRead) with
+// kRead: P read, else recomputed (training).
 template <class F>
 decltype(auto) with_backward_policy(MatmulPrecision precision, bool read, F&& f) {
   const bool high = precision == MatmulPrecision::High;
   if (high && read) return f(Fp16{}, std::true_type{});
   if (high) return f(Fp16{}, std::false_type{});
-  if (read) return f(Tf32x3{}, std::true_type{});
+  if (read) return f(Fp16x3{}, std::true_type{});
   return f(Tf32x3{}, std::false_type{});
 }
 
@@ -1139,12 +1178,10 @@ struct BackwardGrid {
 // as a fixed part worth about one query tile plus its tiles, and the kernel's
 // as the CTA's time per wave of kCtasPerSm CTAs on every SM: the splits that
 // minimise waves x (1 + tiles per CTA), the fewest on a tie.
-template <class Mma>
+template <class Mma, bool kRead>
 BackwardGrid backward_grid(const AttentionDims& d) {
   const int64_t key_tiles = (d.S + kBwdKeys - 1) / kBwdKeys, query_tiles = (d.S + kBwdRows - 1) / kBwdRows;
-  static_assert(BackwardLayout<Mma, false>::kCtasPerSm == BackwardLayout<Mma, true>::kCtasPerSm,
-                "one occupancy for reading P and for recomputing it");
-  const int64_t ctas = key_tiles * d.B * d.H, slots = BackwardLayout<Mma, false>::kCtasPerSm * int64_t(context().sm_count);
+  const int64_t ctas = key_tiles * d.B * d.H, slots = BackwardLayout<Mma, kRead>::kCtasPerSm * int64_t(context().sm_count);
   const auto cost = [&](int64_t s) { return ((ctas * s + slots - 1) / slots) * (1 + (query_tiles + s - 1) / s); };
   int64_t best = 1;
   for (int64_t s = 2; s <= query_tiles; ++s)
@@ -1159,7 +1196,7 @@ void launch_backward(const AttentionInputs& in, const AttentionGradTensors& g) {
   const bool halves = g.key_halves.values.defined();
   TG_CHECK(!halves || (Layout::kHalf && !kRead), "fused_attention_backward: fp16 key gradients need fp16 tiles and "
            "a recomputed P");
-  const auto [key_tiles, grid_splits] = backward_grid<Mma>(d);
+  const auto [key_tiles, grid_splits] = backward_grid<Mma, kRead>(d);
   const int splits = halves ? 1 : grid_splits;  // fp16 dK and dV are stored by their tile's one CTA
   TG_CHECK(g.keys_zeroed || splits == 1, "fused_attention_backward: dk and dv are not zeroed, but ", splits,
            " CTAs per key tile would add to them (writes_key_gradients said they are written)");
@@ -1177,7 +1214,7 @@ void launch_backward(const AttentionInputs& in, const AttentionGradTensors& g) {
                     data_or_null<float>(g.colsum_ds), data_or_null<float>(g.rowsum_pd),
                     data_or_null<double>(rows), HalfOperands{}, score_args(in), splits,
                     halves ? key_halves_args(g.key_halves, d) : KeyHalves{}};
-  if constexpr (Layout::kHalf) args.half = half_operands(in, g, kRead);
+  if constexpr (Layout::kHalf) args.half = half_operands(in, g, kRead, Layout::kSplit);
   allow_shared_memory<attention_backward_kernel<Mma, kRead>>(Layout::kBytes);
   const dim3 grid(static_cast<unsigned>(key_tiles * splits), static_cast<unsigned>(d.B * d.H));
   attention_backward_kernel<Mma, kRead><<<grid, kBwdThreads, Layout::kBytes, stream()>>>(args);
@@ -1290,7 +1327,9 @@ bool FusedAttentionKernels<Device::CUDA>::writes_key_gradients(const AttentionDi
                                                                bool read) {
   using namespace cuda;
   if (d.B * d.H * d.S == 0) return false;  // no kernel runs
-  return with_backward_policy(precision, read, [&](auto mma, auto) { return backward_grid<decltype(mma)>(d).splits == 1; });
+  return with_backward_policy(precision, read, [&](auto mma, auto read_p) {
+    return backward_grid<decltype(mma), decltype(read_p)::value>(d).splits == 1;
+  });
 }
 
 }  // namespace tg

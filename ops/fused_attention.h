@@ -87,7 +87,9 @@ std::vector<Tensor> outputs_of(const Gradients& g);
 // dS scaled from a bound, docs/derivations.md). The bound holds for
 // consistent saved tensors (P's rows sum to 1 or 0, Pd = P m / (1-p),
 // o = Pd v); for others the gradients mean nothing, and at "high" may be
-// Inf. At "highest" the core is 3xTF32 and the projections fp32.
+// Inf. At "highest" the core's kernel and the projections take every operand
+// as fp16 hi + 2^-11 lo (to_fp16_split; three fp16 products: fp32-level
+// accuracy).
 Gradients region_attention_backward(const BackwardInputs& in, double scale, double dropout_p,
                                     MatmulPrecision precision = MatmulPrecision::Default);
 

@@ -180,7 +180,7 @@ Fp16Group allocate_fp16_group(const char* op, const std::vector<Tensor>& xs, boo
 }
 }  // namespace
 
-Fp16Group fp16_group(const std::vector<Tensor>& xs) { return allocate_fp16_group("fp16_group", xs); }
+Fp16Group fp16_group(const std::vector<Tensor>& xs, bool split) { return allocate_fp16_group("fp16_group", xs, split); }
 
 void convert_to_fp16(const std::vector<Tensor>& xs, const Fp16Group& group) {
   const char* op = "convert_to_fp16";

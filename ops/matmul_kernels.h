@@ -120,10 +120,11 @@ Fp16Group to_fp16(const std::vector<Tensor>& xs, const std::vector<Tensor>& colu
 // whole.
 Fp16Group to_fp16_split(const std::vector<Tensor>& xs);
 constexpr int64_t kFp16SplitSlice = 512;
-// to_fp16 in two steps, for a conversion queued where nothing may be
-// allocated (a cuda::Fork's side work): fp16_group checks xs and allocates
-// their group, convert_to_fp16 (which allocates nothing) fills it.
-Fp16Group fp16_group(const std::vector<Tensor>& xs);
+// to_fp16 (to_fp16_split with split) in two steps, for a conversion queued
+// where nothing may be allocated (a cuda::Fork's side work): fp16_group
+// checks xs and allocates their group, convert_to_fp16 (which allocates
+// nothing) fills it.
+Fp16Group fp16_group(const std::vector<Tensor>& xs, bool split = false);
 void convert_to_fp16(const std::vector<Tensor>& xs, const Fp16Group& group);
 // Untracked, CUDA: c = op(A) @ op(B) for matrices a and b of the group, op(x) =
 // x^T where transposed; fp32 accumulation and output, c [n, m] contiguous.

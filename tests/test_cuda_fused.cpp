@@ -63,21 +63,12 @@ double relative_error(const tg::Tensor& a, const tg::Tensor& b) {
   return scale > 0 ? err / scale : err;
 }
 
-void check_case(const Spec& s, double atol, const BackwardInputs& in) {
-  const double scale = 1 / std::sqrt(double(s.C / s.H));
-  const std::vector<tg::Tensor> before = inputs_of(in);
-  std::vector<tg::Tensor> copies;
-  for (const tg::Tensor& t : before) copies.push_back(t.clone());
-  const Gradients high = tg::fused::region_attention_backward(in, scale, s.p, tg::MatmulPrecision::High);
-  const Gradients highest = tg::fused::region_attention_backward(in, scale, s.p, tg::MatmulPrecision::Highest);
-  for (size_t i = 0; i < before.size(); ++i) CHECK(max_abs_diff(before[i], copies[i]) == 0.0);  // inputs untouched
-  const Gradients ref32 = reference_backward(in, scale, s.p, tg::DType::Float32);
-  check_benchmark_rule(high, ref32, atol);
-  const Gradients ref64 = reference_backward(in, scale, s.p, tg::DType::Float64);
+// "highest": each output within 10x of the fp32 graph's own error against float64.
+void check_near_fp32(const Gradients& highest, const Gradients& ref32, const Gradients& ref64) {
   const auto h3 = outputs_of(highest), r32 = outputs_of(ref32), r64 = outputs_of(ref64);
   double largest = 0;
   for (const tg::Tensor& r : r64) largest = std::max(largest, max_abs(r));
-  for (size_t i = 0; i < h3.size(); ++i) {  // "highest": within 10x of the fp32 graph's own error
+  for (size_t i = 0; i < h3.size(); ++i) {
     CAPTURE(std::string(kOutputNames[i]));
     const double fused = relative_error(h3[i], r64[i]), fp32 = relative_error(r32[i], r64[i]);
     const double magnitude = max_abs(r64[i]);
@@ -91,6 +82,19 @@ void check_case(const Spec& s, double atol, const BackwardInputs& in) {
       CHECK(fused * magnitude <= 1e-6 * largest);
     }
   }
+}
+
+void check_case(const Spec& s, double atol, const BackwardInputs& in) {
+  const double scale = 1 / std::sqrt(double(s.C / s.H));
+  const std::vector<tg::Tensor> before = inputs_of(in);
+  std::vector<tg::Tensor> copies;
+  for (const tg::Tensor& t : before) copies.push_back(t.clone());
+  const Gradients high = tg::fused::region_attention_backward(in, scale, s.p, tg::MatmulPrecision::High);
+  const Gradients highest = tg::fused::region_attention_backward(in, scale, s.p, tg::MatmulPrecision::Highest);
+  for (size_t i = 0; i < before.size(); ++i) CHECK(max_abs_diff(before[i], copies[i]) == 0.0);  // inputs untouched
+  const Gradients ref32 = reference_backward(in, scale, s.p, tg::DType::Float32);
+  check_benchmark_rule(high, ref32, atol);
+  check_near_fp32(highest, ref32, reference_backward(in, scale, s.p, tg::DType::Float64));
 }
 
 }  // namespace
@@ -132,19 +136,18 @@ TEST_CASE("fused/benchmark interface: edge shapes and masks" * doctest::skip(kNo
 // times 2^q, 2^k, 2^v, 2^dy and P, Pd as given, dS scales by 2^e, e = v + dy,
 // so dE, dw_in, dw_x and dWo by 2^e, dbo by 2^dy, the q, k and v blocks of
 // dWqkv and dbqkv by 2^(e+k), 2^(e+q) and 2^dy, and dx by 2^dy when all three
-// agree. At "high" every fp16 operand (the attention core's q, k, v, dO and
-// dS, the projections') has a power-of-two scale taken from the data, so this
-// holds there too, up to the order of the atomic sums: fp32 sums that cancel
-// (the column sums of dS behind dbq), measured at up to 3e-5 of an output's
-// largest element between two runs. A wrong or swapped scale shows as a
-// factor of 2^12 or more, or as zeros or Inf: the bound is 1e-3.
-TEST_CASE("fused/benchmark interface at high: fp16 scales follow each operand's magnitude" * doctest::skip(kNoGpu)) {
-  tg::manual_seed(104);
-  const Spec s{2, 130, 128, 2, 150, 0.1};
-  const BackwardInputs in = make_backward_inputs(s);
-  const double scale = 1 / std::sqrt(double(s.C / s.H));
+// agree. Every fp16 operand (the attention core's q, k, v, dO and dS, the
+// projections'; at "highest" both parts of each) has a power-of-two scale
+// taken from the data, so this holds there too, up to the order of the
+// atomic sums: fp32 sums that cancel (the column sums of dS behind dbq),
+// measured at up to 3e-5 of an output's largest element between two runs. A
+// wrong or swapped scale shows as a factor of 2^11 or more (a low part's), or
+// as zeros or Inf: the bound is 1e-3.
+namespace {
+
+void check_power_of_two_scaling(const BackwardInputs& in, double scale, const Spec& s, tg::MatmulPrecision precision) {
   const auto run = [&](const BackwardInputs& x) {
-    return outputs_of(tg::fused::region_attention_backward(x, scale, s.p, tg::MatmulPrecision::High));
+    return outputs_of(tg::fused::region_attention_backward(x, scale, s.p, precision));
   };
   const auto base = run(in);
   struct Powers {
@@ -187,16 +190,31 @@ TEST_CASE("fused/benchmark interface at high: fp16 scales follow each operand's 
   }
 }
 
+}  // namespace
+
+TEST_CASE("fused/benchmark interface: fp16 scales follow each operand's magnitude" * doctest::skip(kNoGpu)) {
+  tg::manual_seed(104);
+  const Spec s{2, 130, 128, 2, 150, 0.1};
+  const BackwardInputs in = make_backward_inputs(s);
+  const double scale = 1 / std::sqrt(double(s.C / s.H));
+  for (const auto& [name, precision] : {std::pair{"high", tg::MatmulPrecision::High},
+                                        std::pair{"highest", tg::MatmulPrecision::Highest}}) {
+    CAPTURE(std::string(name));
+    check_power_of_two_scaling(in, scale, s, precision);
+  }
+}
+
 // Dropout near 1: with p = 1 - 2^-21 and ten valid keys per row (P ~ 0.1), a
 // kept element's Pd = P / (1 - p) is ~2e5, beyond fp16's 65504 even halved,
 // and dS grows with it: the fp16 path must scale both by 2^-e_keep, e_keep
 // taken from p (an interface that left p at 0 scaled them for 1/(1-p) < 2
 // and overflowed to Inf). The keep-mask is an input: drawn at rate 0.3 rather
 // than 1 - p, so that many elements are kept and every gradient is well away
-// from zero. Each output against float64 within 1e-2 of its largest element:
-// TF32-level rounding is ~1e-3 there, and a wrong scale, a power of two, is
-// off by a factor of 2 or more.
-TEST_CASE("fused/benchmark interface at high: dropout near 1 (Pd beyond fp16's range)" * doctest::skip(kNoGpu)) {
+// from zero. At "high" each output against float64 within 1e-2 of its
+// largest element: TF32-level rounding is ~1e-3 there, and a wrong scale, a
+// power of two, is off by a factor of 2 or more. At "highest" (split fp16
+// operands under the same scales) within 10x of the fp32 graph's error.
+TEST_CASE("fused/benchmark interface: dropout near 1 (Pd beyond fp16's range)" * doctest::skip(kNoGpu)) {
   tg::manual_seed(105);
   const Spec s{4, 300, 128, 2, 300, 1 - 0x1p-21};  // 1 - p exact in float too
   std::vector<double> valid(size_t(s.B * s.S));
@@ -205,12 +223,15 @@ TEST_CASE("fused/benchmark interface at high: dropout near 1 (Pd beyond fp16's r
   const BackwardInputs in = make_backward_inputs(s, {}, tg::from_vector(valid, {s.B, s.S}), keep);
   REQUIRE(max_abs(in.attention_probs_dropped) > 2 * 65504.0);
   const double scale = 1 / std::sqrt(double(s.C / s.H));
+  const Gradients ref64 = reference_backward(in, scale, s.p, tg::DType::Float64);
   const auto got = outputs_of(tg::fused::region_attention_backward(in, scale, s.p, tg::MatmulPrecision::High));
-  const auto ref = outputs_of(reference_backward(in, scale, s.p, tg::DType::Float64));
+  const auto ref = outputs_of(ref64);
   for (size_t i = 0; i < got.size(); ++i) {
     CAPTURE(std::string(kOutputNames[i]));
     CHECK(relative_error(got[i], ref[i]) < 1e-2);
   }
+  check_near_fp32(tg::fused::region_attention_backward(in, scale, s.p, tg::MatmulPrecision::Highest),
+                  reference_backward(in, scale, s.p, tg::DType::Float32), ref64);
 }
 
 namespace {
