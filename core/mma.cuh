@@ -193,10 +193,10 @@ __device__ __forceinline__ void mma_16x8x16(float (&d)[4], const uint32_t (&a)[4
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// (lo, hi) rounded to nearest fp16, lo in the lower half.
-__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
+// (x, y) rounded to nearest fp16, x in the lower half.
+__device__ __forceinline__ uint32_t pack_half2(float x, float y) {
   uint32_t r;
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(y), "f"(x));
   return r;
 }
 
@@ -308,18 +308,18 @@ __device__ __forceinline__ void mma_times_k_major(float (&acc)[N][4], const uint
 // rounded to fp16 as they are, split with Fp16x3) and B a k-major fp16 shared
 // tile.
 template <class Mma, int K, int N>
-__device__ __forceinline__ void accumulator_product(float (&acc)[N][4], const float (&a_acc)[K][4], const __half* b_tile,
-                                                    int b_stride, int lane) {
+__device__ __forceinline__ void accumulator_product(float (&acc)[N][4], const float (&a_acc)[K][4],
+                                                    const __half* b_tile, int b_stride, int lane) {
   static_assert(N % 2 == 0 && K % 2 == 0, "accumulator_product (fp16): pairs of n-tiles");
 #pragma unroll
   for (int ks = 0; ks < K / 2; ++ks) {
-    const float(&lo)[4] = a_acc[2 * ks];
-    const float(&hi)[4] = a_acc[2 * ks + 1];
+    const float(&first)[4] = a_acc[2 * ks];  // k block 2 ks: the step's k indices 0 .. 7
+    const float(&second)[4] = a_acc[2 * ks + 1];
     uint32_t a[Mma::kParts][4];
-    pack_parts<Mma>(a, 0, lo[0], lo[1]);
-    pack_parts<Mma>(a, 1, lo[2], lo[3]);
-    pack_parts<Mma>(a, 2, hi[0], hi[1]);
-    pack_parts<Mma>(a, 3, hi[2], hi[3]);
+    pack_parts<Mma>(a, 0, first[0], first[1]);
+    pack_parts<Mma>(a, 1, first[2], first[3]);
+    pack_parts<Mma>(a, 2, second[0], second[1]);
+    pack_parts<Mma>(a, 3, second[2], second[3]);
     mma_times_k_major<Mma>(acc, a, b_tile, b_stride, ks, lane);
   }
 }
@@ -346,6 +346,26 @@ __device__ __forceinline__ void scaled_float_product(float (&acc)[N][4], const f
     }
     mma_times_k_major<Mma>(acc, a, b_tile, b_stride, ks, lane);
   }
+}
+
+// Sums each of the eight values v[0 .. 7] over the eight lanes that share
+// t = lane % 4 (a fragment's rows g = lane / 4) and returns sum g to lane g:
+// three halving exchanges (over g's bits 2, 1, 0) in which a lane keeps the
+// half its bit selects and sends the other, 7 shuffles where a whole
+// reduction of each value takes 24.
+template <class T>
+__device__ __forceinline__ T sum_over_fragment_rows(T (&v)[8], int g) {
+#pragma unroll
+  for (int bit = 2; bit >= 0; --bit) {
+    const int half = 1 << bit;
+    const bool upper = (g >> bit) & 1;
+#pragma unroll
+    for (int i = 0; i < half; ++i) {
+      const T keep = upper ? v[i + half] : v[i], send = upper ? v[i] : v[i + half];
+      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, 4 << bit);
+    }
+  }
+  return v[0];
 }
 
 // Atomic add without a return value: four consecutive floats (16-byte

@@ -281,7 +281,8 @@ __device__ __forceinline__ float keep_factor(const ScoreArgs& sc, uint32_t bits,
 constexpr int kHalfQ = 0, kHalfK = 1, kHalfV = 2, kHalfDO = 3;
 constexpr int kHalfStride = 72;  // fp16 tiles: 144-byte rows, so ldmatrix's 8 rows hit distinct banks
 static_assert(kHalfStride >= kD && kHalfStride % 8 == 0 && (kHalfStride / 2) % 32 == 4, "kHalfStride: see above");
-// Fp16x3 tiles: a row's 64 hi values, its 64 lo values, 8 of padding: 272-byte rows, ldmatrix's 8 rows in distinct banks.
+// Fp16x3 tiles: a row's 64 hi values, its 64 lo values, 8 of padding:
+// 272-byte rows, so ldmatrix's 8 rows hit distinct banks.
 constexpr int kSplitStride = 136;
 static_assert(mma::kLowOffset == kD && kSplitStride >= 2 * kD && kSplitStride % 8 == 0 && (kSplitStride / 2) % 32 == 4,
               "kSplitStride: see above");
@@ -509,13 +510,13 @@ struct BackwardLayout : TileLayout<Mma> {
   using T = TileLayout<Mma>;
   static constexpr int kCtasPerSm = T::kHalf && !T::kSplit ? 3 : 2;  // Fp16x3: 111 KB
   static constexpr bool kSecondTile = !T::kHalf || kRead;
+  static constexpr size_t kRowSumBytes = kRead && Mma::kHighest ? kBwdThreads / 32 * 4 * kBwdRows * sizeof(double) : 0;
   static constexpr size_t kK = 0, kV = T::kTile, kQ = 2 * T::kTile, kDO = 3 * T::kTile, kDS = 4 * T::kTile,
                           kSecond = kDS + T::kFloatTile,
                           kSums = kSecond + (kSecondTile ? T::kFloatTile : 0),  // q_sums: doubles first
-      kRows = kSums + (kRead && Mma::kHighest ? kBwdThreads / 32 * 4 * kBwdRows * sizeof(double) : 0), kKeys = kRows + 3 * kBwdRows * sizeof(float),
+      kRows = kSums + kRowSumBytes, kKeys = kRows + 3 * kBwdRows * sizeof(float),
                           kBytes = kKeys + 2 * kBwdKeys * sizeof(float);
 };
-
 
 // HalfKeyGradients as the kernel writes them (dk.ptr null: float dK and dV).
 struct KeyHalves {
@@ -536,7 +537,7 @@ struct BackwardArgs {
   double* dw_sums;                // [2,H]: sum dS e_i e_j, sum dS cross(e_i, e_j); null: not wanted or kRowSums
   float *colsum_ds, *rowsum_pd;   // with kRead
   double* row_sums;               // [4,B,H,S] with kRowSums: A, B, m, n of each query row
-  HalfOperands half;              // with the Fp16 policy
+  HalfOperands half;              // with the Fp16 and Fp16x3 policies
   ScoreArgs sc;
   int splits;  // CTAs per key tile, each walking every splits-th query tile; 1: dK and dV are stored, not added
   KeyHalves kv;  // in training with fp16 tiles, optional (then splits is 1)
@@ -574,25 +575,6 @@ __device__ BackwardScales backward_scales(const BackwardArgs& p) {
 }
 
 __device__ __forceinline__ int key_of_row(int warp, int r) { return 16 * warp + (r < 8 ? 2 * r : 2 * (r - 8) + 1); }
-
-// Sums each of the eight values v[0 .. 7] over the eight lanes of one t (the
-// warp's 16 keys) and returns sum g to lane g: three halving exchanges (over
-// g's bits 2, 1, 0) in which a lane keeps the half its bit selects and sends
-// the other, 7 shuffles where a whole reduction of each value takes 24.
-template <class T>
-__device__ __forceinline__ T sum_over_warp_keys(T (&v)[8], int g) {
-#pragma unroll
-  for (int bit = 2; bit >= 0; --bit) {
-    const int half = 1 << bit;
-    const bool upper = (g >> bit) & 1;
-#pragma unroll
-    for (int i = 0; i < half; ++i) {
-      const T keep = upper ? v[i + half] : v[i], send = upper ? v[i] : v[i + half];
-      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, 4 << bit);
-    }
-  }
-  return v[0];
-}
 
 // Adds the sums of rows 16 warp .. 16 warp + 15 of a float tile 64 wide to
 // *out(row) (null: not added): two lanes per row, 32 columns each, read as
@@ -823,7 +805,7 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
         *staged = make_float2(out[0], out[1]);
       }
       if constexpr (kRowSums)  // lane g holds sum f = g / 2 of query il0 + g % 2 over the warp's keys
-        q_sums[(4 * warp + (g >> 1)) * kBwdRows + il0 + (g & 1)] = sum_over_warp_keys(sums, g);
+        q_sums[(4 * warp + (g >> 1)) * kBwdRows + il0 + (g & 1)] = mma::sum_over_fragment_rows(sums, g);
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -1181,7 +1163,8 @@ struct BackwardGrid {
 template <class Mma, bool kRead>
 BackwardGrid backward_grid(const AttentionDims& d) {
   const int64_t key_tiles = (d.S + kBwdKeys - 1) / kBwdKeys, query_tiles = (d.S + kBwdRows - 1) / kBwdRows;
-  const int64_t ctas = key_tiles * d.B * d.H, slots = BackwardLayout<Mma, kRead>::kCtasPerSm * int64_t(context().sm_count);
+  const int64_t ctas = key_tiles * d.B * d.H;
+  const int64_t slots = BackwardLayout<Mma, kRead>::kCtasPerSm * int64_t(context().sm_count);
   const auto cost = [&](int64_t s) { return ((ctas * s + slots - 1) / slots) * (1 + (query_tiles + s - 1) / s); };
   int64_t best = 1;
   for (int64_t s = 2; s <= query_tiles; ++s)

@@ -86,8 +86,10 @@ std::vector<Tensor> outputs_of(const Gradients& g);
 // power of two into fp16's range: TF32's 10-bit mantissa at twice its rate;
 // dS scaled from a bound, docs/derivations.md). The bound holds for
 // consistent saved tensors (P's rows sum to 1 or 0, Pd = P m / (1-p),
-// o = Pd v); for others the gradients mean nothing, and at "high" may be
-// Inf. At "highest" the core's kernel and the projections take every operand
+// o = Pd v); for others the gradients mean nothing, and may be Inf at
+// either precision. A non-finite input gives non-finite gradients (at
+// "highest" whole rows of NaN: a low part of Inf is Inf - Inf). At "highest"
+// the core's kernel and the projections take every operand
 // as fp16 hi + 2^-11 lo (to_fp16_split; three fp16 products: fp32-level
 // accuracy).
 Gradients region_attention_backward(const BackwardInputs& in, double scale, double dropout_p,

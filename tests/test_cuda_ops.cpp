@@ -8,9 +8,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <limits>
 #include <random>
+#include <string>
 
 #include "cuda_helpers.h"
 #include "op_table.h"
@@ -202,6 +204,84 @@ TEST_CASE("cuda/wgmma: a 64 x 64 product of exact values, every k step" *
         wrong += cv[i * 64 + j] != want;
       }
     CHECK(wrong == 0);
+  }
+}
+
+namespace tgtest {
+void split_product(int form, const float* a, const float* b, int k, float* c);  // tests/mma_probe.cu, c = a b
+void fragment_row_sums(const double* v, double* out);
+}  // namespace tgtest
+
+// mma::Fp16x3 ("highest" in the benchmark interface's kernel) on its own: a
+// 16 x 4096 by 4096 x 16 product added into running accumulators in 64
+// chunks of k = 64, as the kernel adds every query tile into dK and dV, for
+// each form of operand A (staged, from accumulators, from a float tile), on
+// positive data (every partial sum grows: the case where truncating the
+// tensor cores' accumulation biases the result most) and signed data;
+// output poisoned with NaN. Each product must be within 2x of a sequential
+// fp32 FMA loop's error against float64 (estimated 1/4 of it: a fresh
+// accumulator per 16-wide step, added by rounded FADD). Adding hi hi straight
+// into the running sum instead would put it ~20x over fp32's (the
+// truncation's bias over 768 MMAs); a lost or doubled 2^-11, a swapped part
+// or a misplaced low part, at fp16's precision or worse.
+TEST_CASE("cuda/mma_split: split fp16 products near fp32 over a long k, every operand form" * doctest::skip(kNoGpu)) {
+  constexpr int k = 4096, n = 16;
+  std::mt19937 gen(50);
+  const char* const forms[] = {"both staged", "A from accumulators", "A from a float tile"};
+  for (const bool positive : {true, false}) {
+    std::uniform_real_distribution<double> dist(positive ? 0.0 : -1.0, 1.0);
+    std::vector<double> av(size_t(n) * k), bv(size_t(k) * n);
+    for (double& v : av) v = static_cast<float>(dist(gen));
+    for (double& v : bv) v = static_cast<float>(dist(gen));
+    double largest = 0, fp32_error = 0;
+    std::vector<double> ref(size_t(n) * n);
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < n; ++j) {
+        double exact = 0;
+        float sequential = 0.f;
+        for (int x = 0; x < k; ++x) {
+          exact += av[size_t(i) * k + x] * bv[size_t(x) * n + j];
+          sequential = std::fmaf(float(av[size_t(i) * k + x]), float(bv[size_t(x) * n + j]), sequential);
+        }
+        ref[size_t(i) * n + j] = exact;
+        largest = std::max(largest, std::abs(exact));
+        fp32_error = std::max(fp32_error, std::abs(sequential - exact));
+      }
+    const tg::TensorOptions f32{tg::DType::Float32};
+    const tg::Tensor a = tg::from_vector(av, {n, k}, f32).cuda(), b = tg::from_vector(bv, {k, n}, f32).cuda();
+    for (int form = 0; form < 3; ++form) {
+      CAPTURE(positive);
+      CAPTURE(std::string(forms[form]));
+      const tg::Tensor c = tg::full({n, n}, std::nan(""), {tg::DType::Float32, tg::Device::CUDA});
+      tgtest::split_product(form, a.data<float>(), b.data<float>(), k, c.data<float>());
+      const std::vector<double> cv = c.cpu().to_vector();
+      double error = 0;
+      for (size_t e = 0; e < cv.size(); ++e)
+        error = std::isfinite(cv[e]) ? std::max(error, std::abs(cv[e] - ref[e])) : INFINITY;
+      CAPTURE(error / largest);
+      CAPTURE(fp32_error / largest);
+      CHECK(error <= 2 * fp32_error);
+    }
+  }
+}
+
+// mma::sum_over_fragment_rows: lane l's eight values l + i / 8 (exact in
+// double); lane l must end with value l / 4 summed over the eight lanes
+// that share l % 4.
+TEST_CASE("cuda/mma_split: eight sums over a fragment's rows, one per lane" * doctest::skip(kNoGpu)) {
+  std::vector<double> v(32 * 8);
+  for (int lane = 0; lane < 32; ++lane)
+    for (int i = 0; i < 8; ++i) v[size_t(lane) * 8 + i] = lane + i / 8.0;
+  const tg::TensorOptions f64{tg::DType::Float64};
+  const tg::Tensor in = tg::from_vector(v, {32 * 8}, f64).cuda();
+  const tg::Tensor out = tg::full({32}, std::nan(""), {tg::DType::Float64, tg::Device::CUDA});
+  tgtest::fragment_row_sums(in.data<double>(), out.data<double>());
+  const std::vector<double> got = out.cpu().to_vector();
+  for (int lane = 0; lane < 32; ++lane) {
+    double want = 0;
+    for (int other = lane % 4; other < 32; other += 4) want += v[size_t(other) * 8 + lane / 4];
+    CAPTURE(lane);
+    CHECK(got[size_t(lane)] == want);
   }
 }
 #endif
