@@ -2,22 +2,33 @@
 // warpgroup (128 threads) compute one 64 x N x 16 product together, both
 // operands read from shared memory through 64-bit descriptors, asynchronously:
 // issue, commit, and wait before the accumulators are read. The building block
-// of the next attention-kernel design (bench/NOTES.md version 17); for now
-// checked on its own by `cuda/wgmma` (tests/wgmma_probe.cu).
+// of the next attention-kernel design (bench/NOTES.md versions 17 and 18);
+// for now checked on its own by `cuda/wgmma` (tests/wgmma_probe.cu) and
+// timed by bench/wgmma_rate.
 //
-// Operands are K-major fp16 tiles without swizzle, made of core matrices of
-// 8 rows x 8 halves (16 bytes a row, 128 contiguous bytes): element (r, k) of
-// a tile with `k_cores` core matrices along K sits at byte
-//   (r / 8) * (k_cores * 128) + (k / 8) * 128 + (r % 8) * 16 + (k % 8) * 2,
-// so the core matrices next along K are 128 bytes on (the descriptor's
-// leading byte offset) and the next 8 rows k_cores * 128 (its stride byte
-// offset); the k-th product of 16 starts 256 k bytes in.
+// Operands are K-major fp16 tiles of `rows` rows (a multiple of 8) and `cols`
+// halves along K, in one of two layouts (KMajor<Swizzle>):
+// - kNone: core matrices of 8 rows x 8 halves (16 bytes a row, 128
+//   contiguous bytes); element (r, k) sits at byte
+//     (r / 8) * (cols / 8 * 128) + (k / 8) * 128 + (r % 8) * 16 + (k % 8) * 2,
+//   so the core matrices next along K are 128 bytes on (the descriptor's
+//   leading byte offset) and the next 8 rows cols / 8 * 128 (its stride byte
+//   offset); product s (k = 16 s ..) starts 256 s bytes in.
+// - k128B: rows of 64 halves (128 bytes), 8 of them an atom of 1024 bytes
+//   (1024-byte aligned), in which row r's 16-byte chunk c is stored at chunk
+//   c ^ (r % 8), the XOR the tensor cores undo from the address bits; K
+//   beyond 64 in further blocks of rows x 64. Element (r, k) sits at byte
+//     (k / 64) * rows * 128 + (r / 8) * 1024 + (r % 8) * 128 + ((k % 64 / 8) ^ (r % 8)) * 16 + (k % 8) * 2;
+//   stride byte offset 1024 (the next atom), leading byte offset unused;
+//   product s starts at block s / 4, 32 (s % 4) bytes into the row. The
+//   swizzle spreads the 8 rows of a core matrix over all banks.
 //
 // Accumulators of a 64 x N product (f32), for thread l of warp w of the
 // warpgroup, g = l / 4, t = l % 4, j < N / 8: d[4j] (16w + g, 8j + 2t),
 // d[4j + 1] (16w + g, 8j + 2t + 1), d[4j + 2] (16w + g + 8, 8j + 2t),
 // d[4j + 3] (16w + g + 8, 8j + 2t + 1): mma.sync's C fragment, per warp.
 #pragma once
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -31,18 +42,42 @@ namespace tg::cuda::wgmma {
 
 constexpr int kCoreBytes = 128;  // one 8 x 8 core matrix of halves
 
-// The descriptor of a K-major fp16 tile in shared memory (layout above),
-// starting at `tile` (16-byte aligned), with k_cores core matrices along K.
-__device__ __forceinline__ uint64_t k_major_descriptor(const void* tile, int k_cores) {
+enum class Swizzle { kNone, k128B };
+
+// A shared-memory matrix descriptor: start address, leading and stride byte
+// offsets (each in 16-byte units, 14 bits), swizzle mode in bits 62-63 (0
+// none, 1 128-byte).
+__device__ __forceinline__ uint64_t descriptor(const void* start, uint32_t leading, uint32_t stride, uint64_t mode) {
   const auto field = [](uint32_t bytes) { return static_cast<uint64_t>((bytes & 0x3FFFF) >> 4); };
-  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(tile));
-  return field(address) | field(kCoreBytes) << 16 | field(k_cores * kCoreBytes) << 32;  // swizzle bits 0: none
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(start));
+  return field(address) | field(leading) << 16 | field(stride) << 32 | mode << 62;
 }
 
-// Where element (r, k) of such a tile lies, in halves from its start.
-__host__ __device__ constexpr int k_major_offset(int r, int k, int k_cores) {
-  return (r / 8) * k_cores * 64 + (k / 8) * 64 + (r % 8) * 8 + k % 8;
-}
+template <Swizzle kSwizzle>
+struct KMajor;
+
+template <>
+struct KMajor<Swizzle::kNone> {
+  // Where element (r, k) lies, in halves from the tile's start.
+  __host__ __device__ static constexpr int offset(int r, int k, int /*rows*/, int cols) {
+    return (r / 8) * cols * 8 + (k / 8) * 64 + (r % 8) * 8 + k % 8;
+  }
+  // The descriptor of product s (K columns 16 s .. 16 s + 15); tile 16-byte aligned.
+  __device__ static uint64_t product(const __half* tile, int s, int /*rows*/, int cols) {
+    return descriptor(tile + 128 * s, kCoreBytes, cols / 8 * kCoreBytes, 0);
+  }
+};
+
+template <>
+struct KMajor<Swizzle::k128B> {
+  __host__ __device__ static constexpr int offset(int r, int k, int rows, int /*cols*/) {
+    return (k / 64) * rows * 64 + (r / 8) * 512 + (r % 8) * 64 + ((k % 64 / 8) ^ (r % 8)) * 8 + k % 8;
+  }
+  // Tile 1024-byte aligned; cols a multiple of 64.
+  __device__ static uint64_t product(const __half* tile, int s, int rows, int /*cols*/) {
+    return descriptor(tile + (s / 4) * rows * 64 + (s % 4) * 16, 16, 1024, 1);
+  }
+};
 
 // Shared-memory writes made by ordinary stores, made visible to wgmma (which
 // reads through the async proxy); then a barrier before the first product.

@@ -173,20 +173,25 @@ TEST_CASE("cuda/gemm_fp16: TF32's accuracy at any magnitude, every transpose, tw
 #ifdef TG_CUDA
 namespace tgtest {
 bool wgmma_supported();                                               // tests/wgmma_probe.cu
-void wgmma_product(const float* a, const float* b, int k, float* c);  // c = a b^T, 64 x 64 x k
+// c = a b^T, 64 x 64 x k; layouts: 0 no swizzle, 1 A with the 128-byte swizzle, 2 B, 3 both
+void wgmma_product(const float* a, const float* b, int k, int layouts, float* c);
 }  // namespace tgtest
 
 // wgmma (core/wgmma.cuh) on its own: a 64 x 64 x k product of values that
 // are multiples of 1/8 in [-2, 2] (exact in fp16, and every partial sum
 // exact in fp32), so it must equal the float64 product exactly; c poisoned
 // with NaN, and the accumulators start as NaN, which the first product must
-// overwrite. A wrong descriptor offset, core-matrix layout or accumulator
-// map puts values in the wrong place or sums the wrong ones.
+// overwrite. Each operand without swizzle or with the 128-byte swizzle, the
+// two also mixed (a K order wrong in one layout cannot cancel against the
+// same error in the other). A wrong descriptor offset, layout or
+// accumulator map puts values in the wrong place or sums the wrong ones.
 TEST_CASE("cuda/wgmma: a 64 x 64 product of exact values, every k step" *
           doctest::skip(kNoGpu || !tgtest::wgmma_supported())) {
   std::mt19937 gen(49);
   std::uniform_int_distribution<int> eighths(-16, 16);
-  for (const int k : {16, 64, 128}) {
+  for (const auto& [layouts, k] : std::vector<std::pair<int, int>>{{0, 16}, {0, 64}, {0, 128}, {1, 64}, {2, 128},
+                                                                   {3, 64}, {3, 128}}) {
+    CAPTURE(layouts);
     CAPTURE(k);
     std::vector<double> av(64 * k), bv(64 * k);
     for (double& v : av) v = eighths(gen) / 8.0;
@@ -194,7 +199,7 @@ TEST_CASE("cuda/wgmma: a 64 x 64 product of exact values, every k step" *
     const tg::TensorOptions f32{tg::DType::Float32};
     const tg::Tensor a = tg::from_vector(av, {64, k}, f32).cuda(), b = tg::from_vector(bv, {64, k}, f32).cuda();
     const tg::Tensor c = tg::full({64, 64}, std::nan(""), {tg::DType::Float32, tg::Device::CUDA});
-    tgtest::wgmma_product(a.data<float>(), b.data<float>(), k, c.data<float>());
+    tgtest::wgmma_product(a.data<float>(), b.data<float>(), k, layouts, c.data<float>());
     const std::vector<double> cv = c.cpu().to_vector();
     int64_t wrong = 0;
     for (int i = 0; i < 64; ++i)

@@ -1,7 +1,8 @@
 // One 64 x 64 x k product on wgmma (core/wgmma.cuh) for `cuda/wgmma`: a
-// single warpgroup stages both operands as K-major core-matrix tiles and
-// accumulates k / 16 products (k = 16, 64 or 128). Compiled for sm_90a
-// (wgmma needs it), so it runs on Hopper alone; the test skips elsewhere.
+// single warpgroup stages both operands as K-major tiles, each without
+// swizzle or with the 128-byte swizzle, and accumulates k / 16 products.
+// Compiled for sm_90a (wgmma needs it), so it runs on Hopper alone; the test
+// skips elsewhere.
 #include <cuda_fp16.h>
 
 #include "core/cuda_context.h"
@@ -12,20 +13,23 @@ namespace tgtest {
 namespace {
 
 constexpr int kTileRows = 64;
+using tg::cuda::wgmma::Swizzle;
 
 // c (64 x 64, row-major) = a b^T for a and b 64 x kK (row-major floats,
-// made fp16 here). kK is a template parameter so that the products unroll:
-// a loop over them with a run-time bound makes ptxas serialize the wgmma
-// instructions (its warning C7520).
-template <int kK>
+// made fp16 here), A staged in layout kA and B in kB. kK is a template
+// parameter so that the products unroll: a loop over them with a run-time
+// bound makes ptxas serialize the wgmma instructions (its warning C7520).
+template <Swizzle kA, Swizzle kB, int kK>
 __global__ void __launch_bounds__(128) wgmma_product_kernel(const float* a, const float* b, float* c) {
   namespace wg = tg::cuda::wgmma;
-  constexpr int kCores = kK / 8;
-  __shared__ alignas(128) __half as[kTileRows * kK], bs[kTileRows * kK];
+  using A = wg::KMajor<kA>;
+  using B = wg::KMajor<kB>;
+  __shared__ alignas(1024) __half as[kTileRows * kK];
+  __shared__ alignas(1024) __half bs[kTileRows * kK];
   for (int i = threadIdx.x; i < kTileRows * kK; i += blockDim.x) {
-    const int at = wg::k_major_offset(i / kK, i % kK, kCores);
-    as[at] = __float2half_rn(a[i]);
-    bs[at] = __float2half_rn(b[i]);
+    const int r = i / kK, k = i % kK;
+    as[A::offset(r, k, kTileRows, kK)] = __float2half_rn(a[i]);
+    bs[B::offset(r, k, kTileRows, kK)] = __float2half_rn(b[i]);
   }
   wg::fence_shared_writes();
   __syncthreads();
@@ -33,10 +37,8 @@ __global__ void __launch_bounds__(128) wgmma_product_kernel(const float* a, cons
   for (float& x : d) x = __int_as_float(0x7fc00000);  // NaN: the first product must overwrite, not add
   wg::fence();
 #pragma unroll
-  for (int s = 0; s < kK / 16; ++s) {  // product s: core matrices 2s and 2s + 1 along K
-    const int first = wg::k_major_offset(0, 16 * s, kCores);
-    wg::mma_64x64x16(d, wg::k_major_descriptor(as + first, kCores), wg::k_major_descriptor(bs + first, kCores), s > 0);
-  }
+  for (int s = 0; s < kK / 16; ++s)
+    wg::mma_64x64x16(d, A::product(as, s, kTileRows, kK), B::product(bs, s, kTileRows, kK), s > 0);
   wg::commit();
   wg::wait<0>();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, row = 16 * warp + lane / 4, t = lane % 4;
@@ -64,15 +66,21 @@ bool wgmma_supported() {
   return known && major == 9 && minor == 0;
 }
 
-void wgmma_product(const float* a, const float* b, int k, float* c) {
+// layouts: 0 both without swizzle, 1 A swizzled, 2 B swizzled, 3 both (k a multiple of 64 for a swizzled one).
+void wgmma_product(const float* a, const float* b, int k, int layouts, float* c) {
   const auto launch = [&](auto kernel) {
     kernel<<<1, 128, 0, tg::cuda::stream()>>>(a, b, c);
     tg::cuda::check_launch("wgmma_probe");
   };
-  if (k == 16) launch(wgmma_product_kernel<16>);
-  else if (k == 64) launch(wgmma_product_kernel<64>);
-  else if (k == 128) launch(wgmma_product_kernel<128>);
-  else TG_FAIL("wgmma_probe: k = ", k, " is none of 16, 64 and 128");
+  constexpr Swizzle N = Swizzle::kNone, W = Swizzle::k128B;
+  if (layouts == 0 && k == 16) launch(wgmma_product_kernel<N, N, 16>);
+  else if (layouts == 0 && k == 64) launch(wgmma_product_kernel<N, N, 64>);
+  else if (layouts == 0 && k == 128) launch(wgmma_product_kernel<N, N, 128>);
+  else if (layouts == 1 && k == 64) launch(wgmma_product_kernel<W, N, 64>);
+  else if (layouts == 2 && k == 128) launch(wgmma_product_kernel<N, W, 128>);
+  else if (layouts == 3 && k == 64) launch(wgmma_product_kernel<W, W, 64>);
+  else if (layouts == 3 && k == 128) launch(wgmma_product_kernel<W, W, 128>);
+  else TG_FAIL("wgmma_probe: no kernel for k = ", k, " with layouts ", layouts);
 }
 
 }  // namespace tgtest
