@@ -95,22 +95,41 @@ __device__ __forceinline__ void wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
 
+// The 32 accumulators of a 64 x 64 product as asm operands %0 .. %31.
+#define TG_WGMMA_D32_TEXT                                                   \
+  "{%0, %1, %2, %3, %4, %5, %6, %7,\n"                                      \
+  " %8, %9, %10, %11, %12, %13, %14, %15,\n"                                \
+  " %16, %17, %18, %19, %20, %21, %22, %23,\n"                              \
+  " %24, %25, %26, %27, %28, %29, %30, %31},\n"
+#define TG_WGMMA_D32_OPERANDS(d)                                                                              \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
+      "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), \
+      "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), \
+      "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+
 // d = A B^T (+ d where accumulate) for A 64 x 16 and B 64 x 16, both K-major
 // (descriptors a and b): the warpgroup's 64 x 64 x 16 product, issued.
 __device__ __forceinline__ void mma_64x64x16(float (&d)[32], uint64_t a, uint64_t b, bool accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16\n"
-      "{%0, %1, %2, %3, %4, %5, %6, %7,\n"
-      " %8, %9, %10, %11, %12, %13, %14, %15,\n"
-      " %16, %17, %18, %19, %20, %21, %22, %23,\n"
-      " %24, %25, %26, %27, %28, %29, %30, %31},\n"
-      "%32, %33, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)));
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16\n" TG_WGMMA_D32_TEXT "%32, %33, p, 1, 1, 0, 0;\n}\n"
+               : TG_WGMMA_D32_OPERANDS(d)
+               : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)));
 }
+
+// The same with A from registers: warp w's rows 16 w .. 16 w + 15 as
+// mma.sync's m16n8k16 A fragment (core/mma.cuh: a[0] (g, 2t..2t+1), a[1]
+// (g + 8, ..), a[2] (g, 2t + 8..), a[3] (g + 8, 2t + 8..), fp16 pairs), so
+// an earlier product's accumulators, packed pairwise, go in as they stand.
+// The registers must not change until the product is waited for.
+__device__ __forceinline__ void mma_64x64x16(float (&d)[32], const uint32_t (&a)[4], uint64_t b, bool accumulate) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16\n" TG_WGMMA_D32_TEXT
+               "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+               : TG_WGMMA_D32_OPERANDS(d)
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)));
+}
+
+#undef TG_WGMMA_D32_TEXT
+#undef TG_WGMMA_D32_OPERANDS
 
 }  // namespace tg::cuda::wgmma

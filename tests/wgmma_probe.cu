@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 
 #include "core/cuda_context.h"
+#include "core/mma.cuh"
 #include "core/wgmma.cuh"
 
 namespace tgtest {
@@ -15,11 +16,22 @@ namespace {
 constexpr int kTileRows = 64;
 using tg::cuda::wgmma::Swizzle;
 
+// A's k-step s in warp `warp`'s registers, as mma.sync's A fragment.
+template <int kK>
+__device__ void a_fragment(uint32_t (&r)[4], const float* a, int warp, int lane, int s) {
+  const int row = 16 * warp + lane / 4, col = 16 * s + 2 * (lane % 4);
+  const auto pair = [&](int rr, int cc) {
+    return tg::cuda::mma::pack_half2(a[rr * kK + cc], a[rr * kK + cc + 1]);
+  };
+  r[0] = pair(row, col), r[1] = pair(row + 8, col), r[2] = pair(row, col + 8), r[3] = pair(row + 8, col + 8);
+}
+
 // c (64 x 64, row-major) = a b^T for a and b 64 x kK (row-major floats,
-// made fp16 here), A staged in layout kA and B in kB. kK is a template
-// parameter so that the products unroll: a loop over them with a run-time
-// bound makes ptxas serialize the wgmma instructions (its warning C7520).
-template <Swizzle kA, Swizzle kB, int kK>
+// made fp16 here), A staged in layout kA (or with kARegs held in
+// registers) and B in kB. kK is a template parameter so that the products
+// unroll: a loop over them with a run-time bound makes ptxas serialize the
+// wgmma instructions (its warning C7520).
+template <Swizzle kA, Swizzle kB, int kK, bool kARegs = false>
 __global__ void __launch_bounds__(128) wgmma_product_kernel(const float* a, const float* b, float* c) {
   namespace wg = tg::cuda::wgmma;
   using A = wg::KMajor<kA>;
@@ -33,15 +45,22 @@ __global__ void __launch_bounds__(128) wgmma_product_kernel(const float* a, cons
   }
   wg::fence_shared_writes();
   __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  [[maybe_unused]] uint32_t a_regs[kK / 16][4];
+  if constexpr (kARegs)
+    for (int s = 0; s < kK / 16; ++s) a_fragment<kK>(a_regs[s], a, warp, lane, s);
   float d[32];
   for (float& x : d) x = __int_as_float(0x7fc00000);  // NaN: the first product must overwrite, not add
   wg::fence();
 #pragma unroll
-  for (int s = 0; s < kK / 16; ++s)
-    wg::mma_64x64x16(d, A::product(as, s, kTileRows, kK), B::product(bs, s, kTileRows, kK), s > 0);
+  for (int s = 0; s < kK / 16; ++s) {
+    const uint64_t b_s = B::product(bs, s, kTileRows, kK);
+    if constexpr (kARegs) wg::mma_64x64x16(d, a_regs[s], b_s, s > 0);
+    else wg::mma_64x64x16(d, A::product(as, s, kTileRows, kK), b_s, s > 0);
+  }
   wg::commit();
   wg::wait<0>();
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, row = 16 * warp + lane / 4, t = lane % 4;
+  const int row = 16 * warp + lane / 4, t = lane % 4;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     const int col = 8 * j + 2 * t;
@@ -66,7 +85,9 @@ bool wgmma_supported() {
   return known && major == 9 && minor == 0;
 }
 
-// layouts: 0 both without swizzle, 1 A swizzled, 2 B swizzled, 3 both (k a multiple of 64 for a swizzled one).
+// layouts: 0 both without swizzle, 1 A swizzled, 2 B swizzled, 3 both (k a
+// multiple of 64 for a swizzled one); 4 A from registers, B without swizzle,
+// 5 A from registers, B swizzled.
 void wgmma_product(const float* a, const float* b, int k, int layouts, float* c) {
   const auto launch = [&](auto kernel) {
     kernel<<<1, 128, 0, tg::cuda::stream()>>>(a, b, c);
@@ -80,6 +101,8 @@ void wgmma_product(const float* a, const float* b, int k, int layouts, float* c)
   else if (layouts == 2 && k == 128) launch(wgmma_product_kernel<N, W, 128>);
   else if (layouts == 3 && k == 64) launch(wgmma_product_kernel<W, W, 64>);
   else if (layouts == 3 && k == 128) launch(wgmma_product_kernel<W, W, 128>);
+  else if (layouts == 4 && k == 64) launch(wgmma_product_kernel<N, N, 64, true>);
+  else if (layouts == 5 && k == 128) launch(wgmma_product_kernel<N, W, 128, true>);
   else TG_FAIL("wgmma_probe: no kernel for k = ", k, " with layouts ", layouts);
 }
 
