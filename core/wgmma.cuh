@@ -1,7 +1,8 @@
 // Hopper's warpgroup MMA (wgmma.mma_async, sm_90a): the four warps of a
-// warpgroup (128 threads) compute one 64 x N x 16 product together, both
-// operands read from shared memory through 64-bit descriptors, asynchronously:
-// issue, commit, and wait before the accumulators are read. The building block
+// warpgroup (128 threads) compute one 64 x N x 16 product together, B (and
+// A, or A from registers) read from shared memory through 64-bit
+// descriptors, asynchronously: issue, commit, and wait before the
+// accumulators are read. The building block
 // of the next attention-kernel design (bench/NOTES.md versions 17 and 18);
 // for now checked on its own by `cuda/wgmma` (tests/wgmma_probe.cu) and
 // timed by bench/wgmma_rate.
