@@ -4,7 +4,7 @@
 # TG_CUDA_SYNC=1 mode), compute-sanitizer over the GPU suite, the benchmarks
 # with their PyTorch peers, and the demo. Logs go to $OUT (default
 # /tmp/tg-out), eight files at most. TG_STEPS picks steps (default: all of
-# "tests sync safetensors sanitizers bench_ops region_attention train_step compare_torch demo");
+# "tests sync safetensors sanitizers bench_ops region_attention wgmma_rate train_step compare_torch demo");
 # TG_SANITIZERS picks tools (default "memcheck racecheck synccheck initcheck");
 # TG_RACECHECK_TESTS narrows racecheck (slow: over 6 minutes on the whole
 # suite) to a doctest -tc filter, e.g. 'fused/*,cuda/gemm_fp16*'.
@@ -12,7 +12,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/tg-out}
 mkdir -p "$OUT"
-STEPS=${TG_STEPS:-tests sync safetensors sanitizers bench_ops region_attention train_step compare_torch demo}
+STEPS=${TG_STEPS:-tests sync safetensors sanitizers bench_ops region_attention wgmma_rate train_step compare_torch demo}
 status=0
 wants() { [[ " $STEPS " == *" $1 "* ]]; }
 step() {  # step NAME LOG COMMAND...: runs, logs, remembers a failure
@@ -28,7 +28,7 @@ step() {  # step NAME LOG COMMAND...: runs, logs, remembers a failure
 }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv >>"$OUT/run.log" 2>&1  # appends: a later call with other TG_STEPS keeps the earlier log
 bin=build-gpu
-binaries="tg_tests tg_cuda_tests bench_ops train_step region_attention attention_demo train_edit_diffusion libtapegrad.so"
+binaries="tg_tests tg_cuda_tests bench_ops train_step region_attention wgmma_rate attention_demo train_edit_diffusion libtapegrad.so"
 loads() { for b in $binaries; do [ -e "$1/$b" ] && ! ldd "$1/$b" | grep -q "not found" || return 1; done; }
 if [ -n "${TG_PREBUILT:-}" ] && loads "$TG_PREBUILT"; then
   bin=$TG_PREBUILT
@@ -73,6 +73,7 @@ if wants sanitizers; then
 fi
 wants bench_ops && step "bench ops" bench.txt "$bin/bench_ops" --json "$OUT/bench_ops.json"
 wants region_attention && step "region attention (16 cases)" bench.txt "$bin/region_attention" --json "$OUT/region_attention.json"
+wants wgmma_rate && step "tensor-core rate from shared memory (mma.sync, wgmma)" bench.txt "$bin/wgmma_rate"
 if wants train_step; then
   step "train step (tapegrad)" bench.txt "$bin/train_step" --json "$OUT/train_step.json"
   step "train step (PyTorch eager)" bench.txt env PYTHONUNBUFFERED=1 python3 bench/train_step.py --json "$OUT/train_step_torch.json"
@@ -85,5 +86,5 @@ if wants demo; then
     --out "${TMPDIR:-/tmp}/tg-demo"
 fi
 echo "== tables"
-grep -E "^(ceilings|S=|mean of|impl|decomposed|fused|pytorch|correctness)" "$OUT/bench.txt" 2>/dev/null
+grep -E "^(ceilings|S=|mean of|impl|decomposed|fused|pytorch|correctness|mma.sync|wgmma)" "$OUT/bench.txt" 2>/dev/null
 exit $status
