@@ -1,9 +1,13 @@
 // bench/wgmma_rate: the tensor cores' rate from shared memory, for the next
 // attention kernels' design (bench/NOTES.md): the same 64 x 64 x 64 fp16
 // product (fp32 accumulation), repeated by every CTA from operand tiles it
-// keeps in shared memory, through
+// keeps in shared memory, six CTAs of four warps on every SM, through
 //   - mma.sync m16n8k16 with ldmatrix (core/mma.cuh's tile_product, the
-//     current kernels' path: four warps of 16 rows each),
+//     current kernels' path: four warps of 16 rows each), alternating
+//     between two copies of the tiles so that the loads stay in the loop
+//     (with one copy ptxas may hoist them and hold the operands in
+//     registers: session 26's first run, 119 registers, a rate that the
+//     shared memory's bandwidth could not have fed),
 //   - wgmma m64n64k16 from K-major tiles without swizzle (core/wgmma.cuh),
 //   - wgmma from tiles with the 128-byte swizzle,
 // with one group of four products in flight behind the one being issued. No
@@ -24,7 +28,7 @@ namespace wg = tg::cuda::wgmma;
 constexpr int kTile = 64;            // rows and K of each operand tile
 constexpr int kIterations = 4096;    // products of 64 x 64 x 64 per CTA
 constexpr int kHalfStride = 72;      // the current kernels' fp16 row stride
-constexpr int kCtasPerSm = 8;
+constexpr int kCtasPerSm = 6;         // what the mma.sync kernel's 36 KB of tiles allow
 
 // A small value for element i, so that no sum overflows.
 __device__ float value(int i) { return static_cast<float>(i % 7 - 3) / 64; }
@@ -38,17 +42,20 @@ __device__ void keep(const float (&d)[N], float* out) {
 }
 
 __global__ void __launch_bounds__(128) mma_sync_rate_kernel(float* out) {
-  __shared__ alignas(16) __half a[kTile * kHalfStride], b[kTile * kHalfStride];
-  for (int i = threadIdx.x; i < kTile * kHalfStride; i += blockDim.x) {
-    a[i] = __float2half_rn(value(i));
-    b[i] = __float2half_rn(value(i + 3));
+  constexpr int kTileHalves = kTile * kHalfStride;
+  __shared__ alignas(16) __half a[2 * kTileHalves], b[2 * kTileHalves];
+  for (int i = threadIdx.x; i < 2 * kTileHalves; i += blockDim.x) {
+    a[i] = __float2half_rn(value(i % kTileHalves));
+    b[i] = __float2half_rn(value(i % kTileHalves + 3));
   }
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const auto rows = [&](int r) { return 16 * warp + r; };
   float acc[8][4] = {};
-  for (int it = 0; it < kIterations; ++it)
-    mma::tile_product<mma::Fp16, kTile / 8, 8>(acc, a, kHalfStride, rows, b, kHalfStride, 0, lane);
+  for (int it = 0; it < kIterations; ++it) {
+    const int copy = (it & 1) * kTileHalves;
+    mma::tile_product<mma::Fp16, kTile / 8, 8>(acc, a + copy, kHalfStride, rows, b + copy, kHalfStride, 0, lane);
+  }
   float flat[32];
   for (int i = 0; i < 32; ++i) flat[i] = acc[i / 4][i % 4];
   keep(flat, out);

@@ -1,7 +1,7 @@
 // Hopper's warpgroup MMA (wgmma.mma_async, sm_90a): the four warps of a
-// warpgroup (128 threads) compute one 64 x N x 16 product together, B (and
-// A, or A from registers) read from shared memory through 64-bit
-// descriptors, asynchronously: issue, commit, and wait before the
+// warpgroup (128 threads) compute one 64 x N x 16 product together, the
+// operands read from shared memory through 64-bit descriptors (or A from
+// registers), asynchronously: issue, commit, and wait before the
 // accumulators are read. The building block
 // of the next attention-kernel design (bench/NOTES.md versions 17 and 18);
 // for now checked on its own by `cuda/wgmma` (tests/wgmma_probe.cu) and
@@ -20,9 +20,11 @@
 //   c ^ (r % 8), the XOR the tensor cores undo from the address bits; K
 //   beyond 64 in further blocks of rows x 64. Element (r, k) sits at byte
 //     (k / 64) * rows * 128 + (r / 8) * 1024 + (r % 8) * 128 + ((k % 64 / 8) ^ (r % 8)) * 16 + (k % 8) * 2;
-//   stride byte offset 1024 (the next atom), leading byte offset unused;
-//   product s starts at block s / 4, 32 (s % 4) bytes into the row. The
-//   swizzle spreads the 8 rows of a core matrix over all banks.
+//   stride byte offset 1024 (the next atom), leading byte offset unused (set
+//   to one unit); product s starts at block s / 4, 32 (s % 4) bytes into the
+//   row. The plain layout's core matrices are already conflict-free (128
+//   contiguous bytes); the swizzle keeps each row's 128 bytes together (as a
+//   row copy or TMA writes them) without conflicts either.
 //
 // Accumulators of a 64 x N product (f32), for thread l of warp w of the
 // warpgroup, g = l / 4, t = l % 4, j < N / 8: d[4j] (16w + g, 8j + 2t),
