@@ -1,7 +1,9 @@
-// Power-of-two scales for fp16 copies of float data: the fp16 conversion
-// (ops/matmul.cu) and the fused attention backward's fp16 key gradients
-// (ops/fused_attention.cu) pick them alike.
+// Power-of-two scales for fp16 copies of float data, and the split of a
+// scaled value into two fp16 parts: the fp16 conversion (ops/matmul.cu), the
+// fused attention backward's fp16 key gradients (ops/fused_attention.cu) and
+// its split operands (core/mma.cuh's Fp16x3) do both alike.
 #pragma once
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 namespace tg::cuda {
@@ -22,6 +24,22 @@ __device__ __forceinline__ int scale_exponent(float amax, int top) {
   int exponent;
   frexpf(amax, &exponent);  // amax = f 2^exponent, f in [0.5, 1)
   return max(-63, min(top - exponent, 63));
+}
+
+// A scaled value y as fp16 hi + 2^-11 lo (to_fp16_split's form, 22 bits of
+// y): lo = kLowPartFactor (y - hi), exact before it is rounded (NaN for an
+// Inf: Inf - Inf).
+constexpr float kLowPartFactor = 2048.f;
+__device__ __forceinline__ float low_part(float y, float hi) { return kLowPartFactor * (y - hi); }
+
+// The pair (y0, y1) split so: hi rounded to nearest, then lo rounded to nearest.
+struct Half2Split {
+  __half2 hi, lo;
+};
+__device__ __forceinline__ Half2Split split_half2(float y0, float y1) {
+  const __half2 hi = __floats2half2_rn(y0, y1);
+  const float2 h = __half22float2(hi);
+  return {hi, __floats2half2_rn(low_part(y0, h.x), low_part(y1, h.y))};
 }
 
 // 2^scale_exponent(amax, top).

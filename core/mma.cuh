@@ -220,8 +220,7 @@ struct Fp16x3 {
   static constexpr bool kHighest = true;
   static constexpr int kParts = 2;
 };
-constexpr int kLowOffset = 64;      // from a staged hi value to its lo value, in elements
-constexpr float kLowFactor = 2048;  // lo = kLowFactor (x - hi)
+constexpr int kLowOffset = 64;  // from a staged hi value to its lo value, in elements
 
 // Every part's four registers (ldmatrix_x4) from `row`, a lane's address of
 // its hi values (the lo values kLowOffset further).
@@ -232,15 +231,15 @@ __device__ __forceinline__ void ldmatrix_parts(uint32_t (&r)[Mma::kParts][4], co
 }
 
 // Register i of every part of the scaled pair (x, y): hi rounded to
-// nearest, and with Fp16x3 lo = kLowFactor ((x, y) - hi) rounded again.
+// nearest, and with Fp16x3 its low parts (split_half2, core/fp16_scale.cuh).
 template <class Mma>
 __device__ __forceinline__ void pack_parts(uint32_t (&r)[Mma::kParts][4], int i, float x, float y) {
-  r[0][i] = pack_half2(x, y);
-  if constexpr (Mma::kParts == 2) {
-    __half2 hi;
-    memcpy(&hi, &r[0][i], sizeof hi);
-    const float2 h = __half22float2(hi);
-    r[1][i] = pack_half2(kLowFactor * (x - h.x), kLowFactor * (y - h.y));
+  if constexpr (Mma::kParts == 1) {
+    r[0][i] = pack_half2(x, y);
+  } else {
+    const Half2Split s = split_half2(x, y);
+    memcpy(&r[0][i], &s.hi, sizeof s.hi);
+    memcpy(&r[1][i], &s.lo, sizeof s.lo);
   }
 }
 
@@ -256,7 +255,7 @@ __device__ __forceinline__ void mma_parts(float (&d)[4], const uint32_t (&a)[Mma
     mma_16x8x16(step, a[0], b[1][j], b[1][j + 1]);  // hi lo
     mma_16x8x16(step, a[1], b[0][j], b[0][j + 1]);  // lo hi
 #pragma unroll
-    for (int i = 0; i < 4; ++i) step[i] *= 1.f / kLowFactor;
+    for (int i = 0; i < 4; ++i) step[i] *= 1.f / kLowPartFactor;
     mma_16x8x16(step, a[0], b[0][j], b[0][j + 1]);  // hi hi
 #pragma unroll
     for (int i = 0; i < 4; ++i) d[i] += step[i];

@@ -286,7 +286,6 @@ static_assert(kHalfStride >= kD && kHalfStride % 8 == 0 && (kHalfStride / 2) % 3
 constexpr int kSplitStride = 136;
 static_assert(mma::kLowOffset == kD && kSplitStride >= 2 * kD && kSplitStride % 8 == 0 && (kSplitStride / 2) % 32 == 4,
               "kSplitStride: see above");
-static_assert(mma::kLowFactor == kFp16LowFactor, "the kernels read to_fp16_split's low parts");
 struct HalfOperands {
   HeadRows<const __half> q, k, v;
   const __half* dout;        // [B,S,H*D] (the backward's)

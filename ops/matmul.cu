@@ -117,19 +117,18 @@ __global__ void __launch_bounds__(kFp16Samples) sample_scale_kernel(const __grid
   }
 }
 
-// The low part of scaled element y given its fp16 hi: kFp16LowFactor (y -
-// hi), exact before rounding (NaN for an Inf: see to_fp16_split).
-__device__ __forceinline__ float low_part(float y, float hi) { return kFp16LowFactor * (y - hi); }
+static_assert(kLowPartFactor == kFp16LowFactor, "the scalars' low alphas undo core/fp16_scale.cuh's split");
 
 // Pair i of out: two scaled elements y (exact: a power-of-two scale)
-// rounded to fp16; with kLow pair i of low: their low parts.
+// rounded to fp16; with kLow pair i of low: their low parts (split_half2).
 template <bool kLow>
 __device__ __forceinline__ void store_pair(__half* out, __half* low, int64_t i, float y0, float y1) {
-  const __half2 hi = __floats2half2_rn(y0, y1);
-  reinterpret_cast<__half2*>(out)[i] = hi;
   if constexpr (kLow) {
-    const float2 h = __half22float2(hi);
-    reinterpret_cast<__half2*>(low)[i] = __floats2half2_rn(low_part(y0, h.x), low_part(y1, h.y));
+    const Half2Split s = split_half2(y0, y1);
+    reinterpret_cast<__half2*>(out)[i] = s.hi;
+    reinterpret_cast<__half2*>(low)[i] = s.lo;
+  } else {
+    reinterpret_cast<__half2*>(out)[i] = __floats2half2_rn(y0, y1);
   }
 }
 

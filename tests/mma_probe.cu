@@ -22,11 +22,11 @@ constexpr int kFloatStride = 68;    // a float row of 64 (the kernels' kStride)
 
 enum Form { kBothStaged = 0, kFromAccumulators = 1, kFromFloatTile = 2 };
 
-// x as hi and lo = 2^11 (x - hi), the layout of a split tile row.
+// x as hi and lo (core/fp16_scale.cuh's split), the layout of a split tile row.
 __device__ void store_split(__half* row, int col, float x) {
   const __half hi = __float2half_rn(x);
   row[col] = hi;
-  row[col + mma::kLowOffset] = __float2half_rn(mma::kLowFactor * (x - __half2float(hi)));
+  row[col + mma::kLowOffset] = __float2half_rn(tg::cuda::low_part(x, __half2float(hi)));
 }
 
 // c (16 x 16, row-major) = a (16 x k, row-major) b (k x 16, row-major), k a
