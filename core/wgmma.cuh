@@ -61,6 +61,7 @@ struct KMajor;
 
 template <>
 struct KMajor<Swizzle::kNone> {
+  static constexpr bool kTransposed = false;  // the instruction's imm-trans for such an operand
   // Where element (r, k) lies, in halves from the tile's start.
   __host__ __device__ static constexpr int offset(int r, int k, int /*rows*/, int cols) {
     return (r / 8) * cols * 8 + (k / 8) * 64 + (r % 8) * 8 + k % 8;
@@ -73,12 +74,45 @@ struct KMajor<Swizzle::kNone> {
 
 template <>
 struct KMajor<Swizzle::k128B> {
+  static constexpr bool kTransposed = false;
   __host__ __device__ static constexpr int offset(int r, int k, int rows, int /*cols*/) {
     return (k / 64) * rows * 64 + (r / 8) * 512 + (r % 8) * 64 + ((k % 64 / 8) ^ (r % 8)) * 8 + k % 8;
   }
   // Tile 1024-byte aligned; cols a multiple of 64.
   __device__ static uint64_t product(const __half* tile, int s, int rows, int /*cols*/) {
     return descriptor(tile + (s / 4) * rows * 64 + (s % 4) * 16, 16, 1024, 1);
+  }
+};
+
+// MN-major fp16 tiles without swizzle, read transposed by the instruction
+// (imm-trans-b): N is the contiguous dimension, 8 halves (16 bytes) of a
+// K-row, 8 K-rows a core matrix of 128 contiguous bytes. The descriptor's
+// leading byte offset steps along K, its stride byte offset along N (the
+// other reading fails cuda/wgmma). Two arrangements of the core matrices:
+// - MnMajor: those next along K 128 bytes on, those next along N (K / 8) 128:
+//   element (n, k) at byte ((n / 8) (K / 8) + k / 8) 128 + (k % 8) 16 + (n % 8) 2.
+// - MnMajorOfRows: a [k][n] tile staged as KMajor<kNone> stages a [row][col]
+//   one (rows = K): those next along N 128 bytes on, those next along K
+//   (N / 8) 128. So one staged [key][d] tile is the K-major operand of one
+//   product (k = d) and the MN-major operand of another (k = key).
+struct MnMajor {
+  static constexpr bool kTransposed = true;
+  __host__ __device__ static constexpr int offset(int n, int k, int /*rows*/, int cols) {
+    return ((n / 8) * (cols / 8) + k / 8) * 64 + (k % 8) * 8 + n % 8;
+  }
+  // Product s: K rows 16 s .. 16 s + 15.
+  __device__ static uint64_t product(const __half* tile, int s, int /*rows*/, int cols) {
+    return descriptor(tile + 128 * s, kCoreBytes, cols / 8 * kCoreBytes, 0);
+  }
+};
+
+struct MnMajorOfRows {
+  static constexpr bool kTransposed = true;
+  __host__ __device__ static constexpr int offset(int n, int k, int rows, int cols) {
+    return KMajor<Swizzle::kNone>::offset(k, n, cols, rows);
+  }
+  __device__ static uint64_t product(const __half* tile, int s, int rows, int /*cols*/) {
+    return descriptor(tile + 16 * rows * s, rows / 8 * kCoreBytes, kCoreBytes, 0);
   }
 };
 
@@ -110,13 +144,15 @@ __device__ __forceinline__ void wait() {
       "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), \
       "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
 
-// d = A B^T (+ d where accumulate) for A 64 x 16 and B 64 x 16, both K-major
-// (descriptors a and b): the warpgroup's 64 x 64 x 16 product, issued.
+// d = A B^T (+ d where accumulate) for A 64 x 16 and B 64 x 16 (descriptors
+// a and b; A K-major, B K-major or with kTransB MN-major): the warpgroup's
+// 64 x 64 x 16 product, issued.
+template <bool kTransB = false>
 __device__ __forceinline__ void mma_64x64x16(float (&d)[32], uint64_t a, uint64_t b, bool accumulate) {
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16\n" TG_WGMMA_D32_TEXT "%32, %33, p, 1, 1, 0, 0;\n}\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16\n" TG_WGMMA_D32_TEXT "%32, %33, p, 1, 1, 0, %35;\n}\n"
                : TG_WGMMA_D32_OPERANDS(d)
-               : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)));
+               : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)), "n"(kTransB ? 1 : 0));
 }
 
 // The same with A from registers: warp w's rows 16 w .. 16 w + 15 as
@@ -124,12 +160,14 @@ __device__ __forceinline__ void mma_64x64x16(float (&d)[32], uint64_t a, uint64_
 // (g + 8, ..), a[2] (g, 2t + 8..), a[3] (g + 8, 2t + 8..), fp16 pairs), so
 // an earlier product's accumulators, packed pairwise, go in as they stand.
 // The registers must not change until the product is waited for.
+template <bool kTransB = false>
 __device__ __forceinline__ void mma_64x64x16(float (&d)[32], const uint32_t (&a)[4], uint64_t b, bool accumulate) {
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
                "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16\n" TG_WGMMA_D32_TEXT
-               "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+               "{%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
                : TG_WGMMA_D32_OPERANDS(d)
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)));
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)),
+                 "n"(kTransB ? 1 : 0));
 }
 
 #undef TG_WGMMA_D32_TEXT

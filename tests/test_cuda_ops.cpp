@@ -174,7 +174,8 @@ TEST_CASE("cuda/gemm_fp16: TF32's accuracy at any magnitude, every transpose, tw
 namespace tgtest {
 bool wgmma_supported();                                               // tests/wgmma_probe.cu
 // c = a b^T, 64 x 64 x k; layouts: 0 no swizzle, 1 A with the 128-byte swizzle, 2 B, 3 both,
-// 4 A from registers (B without swizzle), 5 A from registers (B swizzled)
+// 4 A from registers (B without swizzle), 5 A from registers (B swizzled); B MN-major (imm-trans-b):
+// 6 MnMajor, 7 the same with A from registers, 8 MnMajorOfRows, 9 the same with A from registers
 void wgmma_product(const float* a, const float* b, int k, int layouts, float* c);
 }  // namespace tgtest
 
@@ -184,7 +185,8 @@ void wgmma_product(const float* a, const float* b, int k, int layouts, float* c)
 // with NaN, and the accumulators start as NaN, which the first product must
 // overwrite. Each operand without swizzle or with the 128-byte swizzle, the
 // two also mixed (a K order wrong in one layout cannot cancel against the
-// same error in the other), and A from registers (mma.sync's A fragment).
+// same error in the other), A from registers (mma.sync's A fragment), and B
+// MN-major in both arrangements of core/wgmma.cuh.
 // A wrong descriptor offset, layout, register map or accumulator map puts
 // values in the wrong place or sums the wrong ones.
 TEST_CASE("cuda/wgmma: a 64 x 64 product of exact values, every k step" *
@@ -192,7 +194,8 @@ TEST_CASE("cuda/wgmma: a 64 x 64 product of exact values, every k step" *
   std::mt19937 gen(49);
   std::uniform_int_distribution<int> eighths(-16, 16);
   for (const auto& [layouts, k] : std::vector<std::pair<int, int>>{{0, 16}, {0, 64}, {0, 128}, {1, 64}, {2, 128},
-                                                                   {3, 64}, {3, 128}, {4, 64}, {5, 128}}) {
+                                                                   {3, 64}, {3, 128}, {4, 64}, {5, 128},
+                                                                   {6, 64}, {7, 128}, {8, 64}, {9, 128}}) {
     CAPTURE(layouts);
     CAPTURE(k);
     std::vector<double> av(64 * k), bv(64 * k);

@@ -14,7 +14,12 @@ namespace tgtest {
 namespace {
 
 constexpr int kTileRows = 64;
+using tg::cuda::wgmma::KMajor;
+using tg::cuda::wgmma::MnMajor;
+using tg::cuda::wgmma::MnMajorOfRows;
 using tg::cuda::wgmma::Swizzle;
+using Plain = KMajor<Swizzle::kNone>;
+using Swizzled = KMajor<Swizzle::k128B>;
 
 // A's k-step s in warp `warp`'s registers, as mma.sync's A fragment.
 template <int kK>
@@ -31,11 +36,9 @@ __device__ void a_fragment(uint32_t (&r)[4], const float* a, int warp, int lane,
 // registers) and B in kB. kK is a template parameter so that the products
 // unroll: a loop over them with a run-time bound makes ptxas serialize the
 // wgmma instructions (its warning C7520).
-template <Swizzle kA, Swizzle kB, int kK, bool kARegs = false>
+template <class A, class B, int kK, bool kARegs = false>
 __global__ void __launch_bounds__(128) wgmma_product_kernel(const float* a, const float* b, float* c) {
   namespace wg = tg::cuda::wgmma;
-  using A = wg::KMajor<kA>;
-  using B = wg::KMajor<kB>;
   __shared__ alignas(1024) __half as[kTileRows * kK];
   __shared__ alignas(1024) __half bs[kTileRows * kK];
   for (int i = threadIdx.x; i < kTileRows * kK; i += blockDim.x) {
@@ -55,8 +58,8 @@ __global__ void __launch_bounds__(128) wgmma_product_kernel(const float* a, cons
 #pragma unroll
   for (int s = 0; s < kK / 16; ++s) {
     const uint64_t b_s = B::product(bs, s, kTileRows, kK);
-    if constexpr (kARegs) wg::mma_64x64x16(d, a_regs[s], b_s, s > 0);
-    else wg::mma_64x64x16(d, A::product(as, s, kTileRows, kK), b_s, s > 0);
+    if constexpr (kARegs) wg::mma_64x64x16<B::kTransposed>(d, a_regs[s], b_s, s > 0);
+    else wg::mma_64x64x16<B::kTransposed>(d, A::product(as, s, kTileRows, kK), b_s, s > 0);
   }
   wg::commit();
   wg::wait<0>();
@@ -87,22 +90,26 @@ bool wgmma_supported() {
 
 // layouts: 0 both without swizzle, 1 A swizzled, 2 B swizzled, 3 both (k a
 // multiple of 64 for a swizzled one); 4 A from registers, B without swizzle,
-// 5 A from registers, B swizzled.
+// 5 A from registers, B swizzled; B MN-major (A without swizzle, or from
+// registers): 6 and 7 MnMajor, 8 and 9 MnMajorOfRows.
 void wgmma_product(const float* a, const float* b, int k, int layouts, float* c) {
   const auto launch = [&](auto kernel) {
     kernel<<<1, 128, 0, tg::cuda::stream()>>>(a, b, c);
     tg::cuda::check_launch("wgmma_probe");
   };
-  constexpr Swizzle N = Swizzle::kNone, W = Swizzle::k128B;
-  if (layouts == 0 && k == 16) launch(wgmma_product_kernel<N, N, 16>);
-  else if (layouts == 0 && k == 64) launch(wgmma_product_kernel<N, N, 64>);
-  else if (layouts == 0 && k == 128) launch(wgmma_product_kernel<N, N, 128>);
-  else if (layouts == 1 && k == 64) launch(wgmma_product_kernel<W, N, 64>);
-  else if (layouts == 2 && k == 128) launch(wgmma_product_kernel<N, W, 128>);
-  else if (layouts == 3 && k == 64) launch(wgmma_product_kernel<W, W, 64>);
-  else if (layouts == 3 && k == 128) launch(wgmma_product_kernel<W, W, 128>);
-  else if (layouts == 4 && k == 64) launch(wgmma_product_kernel<N, N, 64, true>);
-  else if (layouts == 5 && k == 128) launch(wgmma_product_kernel<N, W, 128, true>);
+  if (layouts == 0 && k == 16) launch(wgmma_product_kernel<Plain, Plain, 16>);
+  else if (layouts == 0 && k == 64) launch(wgmma_product_kernel<Plain, Plain, 64>);
+  else if (layouts == 0 && k == 128) launch(wgmma_product_kernel<Plain, Plain, 128>);
+  else if (layouts == 1 && k == 64) launch(wgmma_product_kernel<Swizzled, Plain, 64>);
+  else if (layouts == 2 && k == 128) launch(wgmma_product_kernel<Plain, Swizzled, 128>);
+  else if (layouts == 3 && k == 64) launch(wgmma_product_kernel<Swizzled, Swizzled, 64>);
+  else if (layouts == 3 && k == 128) launch(wgmma_product_kernel<Swizzled, Swizzled, 128>);
+  else if (layouts == 4 && k == 64) launch(wgmma_product_kernel<Plain, Plain, 64, true>);
+  else if (layouts == 5 && k == 128) launch(wgmma_product_kernel<Plain, Swizzled, 128, true>);
+  else if (layouts == 6 && k == 64) launch(wgmma_product_kernel<Plain, MnMajor, 64>);
+  else if (layouts == 7 && k == 128) launch(wgmma_product_kernel<Plain, MnMajor, 128, true>);
+  else if (layouts == 8 && k == 64) launch(wgmma_product_kernel<Plain, MnMajorOfRows, 64>);
+  else if (layouts == 9 && k == 128) launch(wgmma_product_kernel<Plain, MnMajorOfRows, 128, true>);
   else TG_FAIL("wgmma_probe: no kernel for k = ", k, " with layouts ", layouts);
 }
 
