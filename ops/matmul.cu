@@ -291,14 +291,33 @@ HalfOperand half_operand(const Fp16Matrix& m) {
 // untransposed operand goes in as N, a transposed one as T, each with its
 // stored row length as ld). The k slice starts k0 columns into an
 // untransposed A (rows of a transposed one), k0 rows into an untransposed B.
+// With count > 1, the count slices k0 + i k_len (each k_len long) into c + i n m.
 cublasStatus_t gemm_fp16_slice(cublasHandle_t handle, HalfOperand A, bool ta, HalfOperand B, bool tb, int64_t n,
-                               int64_t m, int64_t k0, int64_t k_len, const float* alpha, const float* beta, float* c) {
-  const __half* a = A.values + (ta ? k0 * A.cols : k0);
-  const __half* b = B.values + (tb ? k0 : k0 * B.cols);
-  return cublasGemmEx(handle, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(m),
-                      static_cast<int>(n), static_cast<int>(k_len), alpha, b, CUDA_R_16F, static_cast<int>(B.cols), a,
-                      CUDA_R_16F, static_cast<int>(A.cols), beta, c, CUDA_R_32F, static_cast<int>(m),
-                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+                               int64_t m, int64_t k0, int64_t k_len, const float* alpha, const float* beta, float* c,
+                               int count = 1) {
+  const auto start = [&](const HalfOperand& x, bool k_rows, int64_t k) { return k_rows ? k * x.cols : k; };
+  const __half* a = A.values + start(A, ta, k0);
+  const __half* b = B.values + start(B, !tb, k0);
+  const auto op = [](bool t) { return t ? CUBLAS_OP_T : CUBLAS_OP_N; };
+  if (count == 1)
+    return cublasGemmEx(handle, op(tb), op(ta), static_cast<int>(m), static_cast<int>(n), static_cast<int>(k_len),
+                        alpha, b, CUDA_R_16F, static_cast<int>(B.cols), a, CUDA_R_16F, static_cast<int>(A.cols), beta,
+                        c, CUDA_R_32F, static_cast<int>(m), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  return cublasGemmStridedBatchedEx(handle, op(tb), op(ta), static_cast<int>(m), static_cast<int>(n),
+                                    static_cast<int>(k_len), alpha, b, CUDA_R_16F, static_cast<int>(B.cols),
+                                    start(B, !tb, k_len), a, CUDA_R_16F, static_cast<int>(A.cols), start(A, ta, k_len),
+                                    beta, c, CUDA_R_32F, static_cast<int>(m), n * m, count, CUBLAS_COMPUTE_32F,
+                                    CUBLAS_GEMM_DEFAULT);
+}
+
+// c[e] = (((c[e] + w[0][e]) + w[1][e]) + ...) + w[count - 1][e], w's slices
+// size apart: the in-order fp32 sum that beta = 1 GEMMs would form one by one.
+__global__ void add_slices_kernel(float* c, const float* w, int count, int64_t size) {
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < size; e += int64_t(gridDim.x) * blockDim.x) {
+    float sum = c[e];
+    for (int i = 0; i < count; ++i) sum += w[i * size + e];
+    c[e] = sum;
+  }
 }
 
 }  // namespace
@@ -320,12 +339,22 @@ void GemmKernels<Device::CUDA>::gemm_fp16(const Fp16Group& group, int a, bool tr
   const HalfOperand a_hi = half_operand(A), b_hi = half_operand(B);
   const HalfOperand a_lo = split ? half_operand(group.lows[a]) : a_hi, b_lo = split ? half_operand(group.lows[b]) : b_hi;
   float* out = c.data<float>();
+  // A small c with many hi hi slices (the weight gradients, k = tokens): the
+  // slices of up to kFp16BatchedSlices at a time as one strided-batched GEMM
+  // into a workspace, then added to c in slice order (the sums the
+  // one-by-one beta = 1 GEMMs form, without their small GEMMs each rereading c).
+  const int64_t slices = (k + kFp16SplitSlice - 1) / kFp16SplitSlice;
+  const bool batched = split && slices > 1 && n * m <= kFp16BatchedSliceElements;
+  const Tensor workspace =
+      batched ? empty({std::min(slices, kFp16BatchedSlices), n, m}, {DType::Float32, Device::CUDA}) : Tensor();
+  float* slots = batched ? workspace.data<float>() : nullptr;
   cublasHandle_t handle = cublas();
   TG_CUDA_CHECK(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_DEVICE), "gemm_fp16");
   cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
-  const auto product = [&](HalfOperand x, HalfOperand y, int64_t k0, int64_t k_len, const float* f, const float* beta) {
+  const auto product = [&](HalfOperand x, HalfOperand y, int64_t k0, int64_t k_len, const float* f, const float* beta,
+                           float* to = nullptr, int count = 1) {
     if (status == CUBLAS_STATUS_SUCCESS)
-      status = gemm_fp16_slice(handle, x, transpose_a, y, transpose_b, n, m, k0, k_len, f, beta, out);
+      status = gemm_fp16_slice(handle, x, transpose_a, y, transpose_b, n, m, k0, k_len, f, beta, to ? to : out, count);
   };
   if (!split) {
     product(a_hi, b_hi, 0, k, alpha, zero);
@@ -334,8 +363,20 @@ void GemmKernels<Device::CUDA>::gemm_fp16(const Fp16Group& group, int a, bool tr
     // is 2^-11 smaller than hi hi's), then hi hi a fresh accumulation per slice.
     product(a_hi, b_lo, 0, k, low_alpha, zero);
     product(a_lo, b_hi, 0, k, low_alpha, one);
-    for (int64_t k0 = 0; k0 < k; k0 += kFp16SplitSlice)
-      product(a_hi, b_hi, k0, std::min(kFp16SplitSlice, k - k0), alpha, one);
+    if (!batched) {
+      for (int64_t k0 = 0; k0 < k; k0 += kFp16SplitSlice)
+        product(a_hi, b_hi, k0, std::min(kFp16SplitSlice, k - k0), alpha, one);
+    } else {
+      for (int64_t first = 0; first < slices; first += kFp16BatchedSlices) {
+        const int64_t count = std::min(kFp16BatchedSlices, slices - first);
+        const int64_t k0 = first * kFp16SplitSlice, last_k0 = (first + count - 1) * kFp16SplitSlice;
+        const int64_t whole = k - last_k0 < kFp16SplitSlice ? count - 1 : count;  // slices of the full length
+        if (whole > 0) product(a_hi, b_hi, k0, kFp16SplitSlice, alpha, zero, slots, static_cast<int>(whole));
+        if (whole < count) product(a_hi, b_hi, last_k0, k - last_k0, alpha, zero, slots + whole * n * m);
+        if (status != CUBLAS_STATUS_SUCCESS) break;
+        add_slices_kernel<<<grid_for(n * m), kThreads, 0, stream()>>>(out, slots, static_cast<int>(count), n * m);
+      }
+    }
   }
   TG_CUDA_CHECK(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST), "gemm_fp16");  // before any throw: the handle is shared
   TG_CUDA_CHECK(status, "gemm_fp16");

@@ -120,6 +120,10 @@ Fp16Group to_fp16(const std::vector<Tensor>& xs, const std::vector<Tensor>& colu
 // whole.
 Fp16Group to_fp16_split(const std::vector<Tensor>& xs);
 constexpr int64_t kFp16SplitSlice = 512;
+// A product with at most kFp16BatchedSliceElements outputs runs its hi hi
+// slices kFp16BatchedSlices at a time as one batched GEMM into a workspace
+// (at most 8 x 32 MiB), added to c in slice order: the same sums.
+constexpr int64_t kFp16BatchedSlices = 8, kFp16BatchedSliceElements = int64_t(1) << 23;
 // to_fp16 (to_fp16_split with split) in two steps, for a conversion queued
 // where nothing may be allocated (a cuda::Fork's side work): fp16_group
 // checks xs and allocates their group, convert_to_fp16 (which allocates

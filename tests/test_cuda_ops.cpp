@@ -343,7 +343,7 @@ TEST_CASE("cuda/to_fp16_split: hi + 2^-11 lo is x to 22 bits" * doctest::skip(kN
 }
 
 // A split group's products have fp32's accuracy: on a weight gradient's
-// shape (k = tokens, five slices, both operands k-strided) and with every
+// shape (k = tokens, 6 and 19 hi hi slices, both operands k-strided) and with every
 // transpose, the error against fp64 within 4x of cuBLAS's fp32 GEMM
 // (measured 2.5x and 3.8x on an H200; the truncating tensor-core
 // accumulation grows with the slice: slices of 1024 with the cross terms
@@ -353,8 +353,10 @@ TEST_CASE("cuda/to_fp16_split: hi + 2^-11 lo is x to 22 bits" * doctest::skip(kN
 TEST_CASE("cuda/gemm_fp16: a split group gives fp32's accuracy over a long k, every transpose" *
           doctest::skip(kNoGpu)) {
   tg::manual_seed(48);
-  const int64_t k = 4 * tg::kFp16SplitSlice + 904;
+  // 6 slices (one batch), and 19 (batches of 8, 8 and 3, the last slice short).
+  for (const int64_t k : {4 * tg::kFp16SplitSlice + 904, 17 * tg::kFp16SplitSlice + 904})
   for (const double magnitude : {1.0, 1e-9}) {
+    CAPTURE(k);
     CAPTURE(magnitude);
     const tg::Tensor a = tg::mul(tg::randn({k, 96}), magnitude), b = tg::randn({k, 80});
     const tg::Tensor exact = tg::matmul(a.to(tg::DType::Float64).transpose(0, 1), b.to(tg::DType::Float64));
