@@ -106,6 +106,8 @@ struct MnMajor {
   }
 };
 
+// As for every layout here, rows is the operand's N and cols its K: for
+// MnMajorOfRows, N is the staged tile's row length (d) and K its row count.
 struct MnMajorOfRows {
   static constexpr bool kTransposed = true;
   __host__ __device__ static constexpr int offset(int n, int k, int rows, int cols) {

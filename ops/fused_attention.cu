@@ -652,7 +652,8 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
   const ScoreArgs& sc = p.sc;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   // With kRead (the benchmark interface) blockIdx.y is h B + b: the CTAs resident at once cover most batches of one
-  // head, so the dE corner they all add to stays in the L2 (at 773/32 DRAM writes 1.49 -> 0.65 GB). In training, b H + h.
+  // head, so the dE corner they all add to stays in the L2 (at 773/32 DRAM writes 1.49 -> 0.65 GB, measured with the
+  // query walk rotated too: bench/NOTES.md version 19). In training, b H + h.
   const int64_t b = kRead ? blockIdx.y % sc.B : blockIdx.y / sc.H, h = kRead ? blockIdx.y / sc.B : blockIdx.y % sc.H;
   const int64_t bh = b * sc.H + h;
   const int64_t k0 = int64_t(blockIdx.x / p.splits) * kBwdKeys;

@@ -339,10 +339,11 @@ void GemmKernels<Device::CUDA>::gemm_fp16(const Fp16Group& group, int a, bool tr
   const HalfOperand a_hi = half_operand(A), b_hi = half_operand(B);
   const HalfOperand a_lo = split ? half_operand(group.lows[a]) : a_hi, b_lo = split ? half_operand(group.lows[b]) : b_hi;
   float* out = c.data<float>();
-  // A small c with many hi hi slices (the weight gradients, k = tokens): the
-  // slices of up to kFp16BatchedSlices at a time as one strided-batched GEMM
-  // into a workspace, then added to c in slice order (the sums the
-  // one-by-one beta = 1 GEMMs form, without their small GEMMs each rereading c).
+  // A small c (the weight gradients, k = tokens; dx and dout up to 8192
+  // tokens): the hi hi slices kFp16BatchedSlices at a time as one
+  // strided-batched GEMM into a workspace, then added to c in slice order (the
+  // additions the one-by-one beta = 1 GEMMs make, without each small GEMM
+  // rereading and rewriting c).
   const int64_t slices = (k + kFp16SplitSlice - 1) / kFp16SplitSlice;
   const bool batched = split && slices > 1 && n * m <= kFp16BatchedSliceElements;
   const Tensor workspace =

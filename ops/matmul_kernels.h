@@ -122,7 +122,10 @@ Fp16Group to_fp16_split(const std::vector<Tensor>& xs);
 constexpr int64_t kFp16SplitSlice = 512;
 // A product with at most kFp16BatchedSliceElements outputs runs its hi hi
 // slices kFp16BatchedSlices at a time as one batched GEMM into a workspace
-// (at most 8 x 32 MiB), added to c in slice order: the same sums.
+// (at most 8 x 32 MiB), added to c in slice order: the same additions in the
+// same order (alpha is a power of two; within a slice cuBLAS may pick another
+// kernel). In the layer's backward: the weight gradients, and dx and dout
+// when tokens <= 8192.
 constexpr int64_t kFp16BatchedSlices = 8, kFp16BatchedSliceElements = int64_t(1) << 23;
 // to_fp16 (to_fp16_split with split) in two steps, for a conversion queued
 // where nothing may be allocated (a cuda::Fork's side work): fp16_group
@@ -132,7 +135,10 @@ Fp16Group fp16_group(const std::vector<Tensor>& xs, bool split = false);
 void convert_to_fp16(const std::vector<Tensor>& xs, const Fp16Group& group);
 // Untracked, CUDA: c = op(A) @ op(B) for matrices a and b of the group, op(x) =
 // x^T where transposed; fp32 accumulation and output, c [n, m] contiguous.
-// With a split group (to_fp16_split): the cross terms, then hi hi by k slices.
+// With a split group (to_fp16_split): the cross terms, then hi hi by k slices;
+// with at most kFp16BatchedSliceElements outputs and more than one slice, the
+// slices go through a workspace of up to 8 outputs' size (256 MiB at most),
+// allocated here: not for a cuda::Fork's side work, where nothing may be.
 void gemm_fp16_into(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b, const Tensor& c);
 // The same into a new float32 c [n, m].
 Tensor gemm_fp16(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b);
