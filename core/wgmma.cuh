@@ -95,14 +95,12 @@ struct KMajor<Swizzle::k128B> {
 //   one (rows = K): those next along N 128 bytes on, those next along K
 //   (N / 8) 128. So one staged [key][d] tile is the K-major operand of one
 //   product (k = d) and the MN-major operand of another (k = key).
-struct MnMajor {
+// MnMajor places its core matrices as KMajor<kNone> does (so its products'
+// descriptors are the same), each holding its 8 x 8 block transposed.
+struct MnMajor : KMajor<Swizzle::kNone> {
   static constexpr bool kTransposed = true;
   __host__ __device__ static constexpr int offset(int n, int k, int /*rows*/, int cols) {
     return ((n / 8) * (cols / 8) + k / 8) * 64 + (k % 8) * 8 + n % 8;
-  }
-  // Product s: K rows 16 s .. 16 s + 15.
-  __device__ static uint64_t product(const __half* tile, int s, int /*rows*/, int cols) {
-    return descriptor(tile + 128 * s, kCoreBytes, cols / 8 * kCoreBytes, 0);
   }
 };
 

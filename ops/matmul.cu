@@ -312,13 +312,17 @@ cublasStatus_t gemm_fp16_slice(cublasHandle_t handle, HalfOperand A, bool ta, Ha
 
 // c[e] = (((c[e] + w[0][e]) + w[1][e]) + ...) + w[count - 1][e], w's slices
 // size apart: the in-order fp32 sum that beta = 1 GEMMs would form one by one.
-__global__ void add_slices_kernel(float* c, const float* w, int count, int64_t size) {
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < size; e += int64_t(gridDim.x) * blockDim.x) {
+struct AddSlices {
+  float* c;
+  const float* w;
+  int count;
+  int64_t size;
+  __device__ void operator()(int64_t e) const {
     float sum = c[e];
     for (int i = 0; i < count; ++i) sum += w[i * size + e];
     c[e] = sum;
   }
-}
+};
 
 }  // namespace
 }  // namespace cuda
@@ -375,7 +379,10 @@ void GemmKernels<Device::CUDA>::gemm_fp16(const Fp16Group& group, int a, bool tr
         if (whole > 0) product(a_hi, b_hi, k0, kFp16SplitSlice, alpha, zero, slots, static_cast<int>(whole));
         if (whole < count) product(a_hi, b_hi, last_k0, k - last_k0, alpha, zero, slots + whole * n * m);
         if (status != CUBLAS_STATUS_SUCCESS) break;
-        add_slices_kernel<<<grid_for(n * m), kThreads, 0, stream()>>>(out, slots, static_cast<int>(count), n * m);
+        // for_each's kernel without for_each's launch check, which may throw here: the check comes after the
+        // pointer mode is restored.
+        const AddSlices add{out, slots, static_cast<int>(count), n * m};
+        for_each_kernel<<<grid_for(n * m), kThreads, 0, stream()>>>(n * m, add);
       }
     }
   }
