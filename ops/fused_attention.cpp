@@ -7,6 +7,7 @@
 
 #include "autograd/engine.h"
 #include "core/cpu_loops.h"
+#include "core/pack.h"
 #include "core/random.h"
 #include "ops/binary_mask.h"
 #include "ops/fused_attention_kernels.h"
@@ -366,6 +367,19 @@ AttentionInputs core_inputs(AttentionInputs in, const autograd::SavedTensors& s)
   return in;
 }
 
+// Delta = rowsum(dout o) per (b, h, i) into delta; with fp16 tiles (half)
+// returns dout's fp16 copy (split: to_fp16_split's), converted by the same
+// pass over dout where o allows 16-byte loads (to_fp16_with_head_dots).
+Fp16Group delta_and_half_dout(const Tensor& dout, const Tensor& o, const Tensor& delta, const AttentionDims& d,
+                              bool half, bool split) {
+  const Tensor dout_rows = rows_view(dout, d.H * d.D);
+  if (half && aligned16(o.raw_data()) && aligned16(dout.raw_data()))
+    return to_fp16_with_head_dots(dout_rows, {rows_view(o, d.H * d.D), delta, d.S}, split);
+  TG_DISPATCH_DEVICE(dout, FusedAttentionKernels, row_dot, dout, o, delta, d);
+  if (!half) return {};
+  return split ? to_fp16_split({dout_rows}) : to_fp16({dout_rows});
+}
+
 // The backward's start: Delta = rowsum(do o), after which o goes; with fp16
 // tiles dO's fp16 copy, after which the float dO goes (both before any
 // gradient buffer exists). Then dE (zeroed as the kernel needs) and dw_in,
@@ -379,12 +393,10 @@ AttentionGradTensors start_core_backward(const AttentionInputs& in, Tensor g, co
   g = Tensor();
   gt.lse = s[kLse];
   gt.delta = empty({d.B, d.H, d.S}, opts);
-  TG_DISPATCH_DEVICE(gt.dout, FusedAttentionKernels, row_dot, gt.dout, s[kO], gt.delta, d);
+  const bool half = !in.qkv_half.matrices.empty();
+  gt.dout_half = delta_and_half_dout(gt.dout, s[kO], gt.delta, d, half, false);
   s.release_early(kO);
-  if (!in.qkv_half.matrices.empty()) {
-    gt.dout_half = to_fp16({rows_view(gt.dout, d.H * d.D)});
-    gt.dout = Tensor();
-  }
+  if (half) gt.dout = Tensor();
   if (needs_E) {
     gt.dE = empty({d.H, d.M, d.M}, opts);
     zero_edit_bias_gradient(gt.dE, d);
@@ -666,9 +678,7 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
   out_proj.into(rows_view(dout, L.C), kDy, false, kWo, false);
   g.dout = dout;
   g.delta = empty({L.B, L.H, L.S}, opts);
-  TG_DISPATCH_DEVICE(x, FusedAttentionKernels, row_dot, dout, in.attention_output, g.delta, core.d);
-  if (!core.qkv_half.matrices.empty())
-    g.dout_half = split ? to_fp16_split({rows_view(dout, L.C)}) : to_fp16({rows_view(dout, L.C)});
+  g.dout_half = delta_and_half_dout(dout, in.attention_output, g.delta, core.d, !core.qkv_half.matrices.empty(), split);
   beside.join();
   TG_DISPATCH_DEVICE(x, FusedAttentionKernels, backward, core, g, precision);
 

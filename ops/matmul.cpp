@@ -5,6 +5,7 @@
 
 #include "autograd/engine.h"
 #include "core/indexing.h"
+#include "core/pack.h"
 #include "ops/elementwise.h"
 #include "ops/matmul_kernels.h"
 #include "ops/reduce.h"
@@ -117,7 +118,8 @@ void GemmKernels<Device::CPU>::gemm(const GemmProblem& p) {
 }
 
 template <>
-void GemmKernels<Device::CPU>::to_fp16(const std::vector<Tensor>&, const std::vector<Tensor>&, const Fp16Group&) {
+void GemmKernels<Device::CPU>::to_fp16(const std::vector<Tensor>&, const std::vector<Tensor>&, const Fp16Group&,
+                                       const Fp16HeadDots&) {
   TG_FAIL("to_fp16: fp16 GEMM operands exist on CUDA only");
 }
 
@@ -193,7 +195,7 @@ void convert_to_fp16(const std::vector<Tensor>& xs, const Fp16Group& group) {
              ": matrix ", i, " ", xs[i].shape(), " on ", xs[i].device(), " into a group made for [", m.rows, ", ",
              m.cols, "] on ", group.scalars.device());
   }
-  TG_DISPATCH_DEVICE(xs[0], GemmKernels, to_fp16, xs, std::vector<Tensor>(xs.size()), group);
+  TG_DISPATCH_DEVICE(xs[0], GemmKernels, to_fp16, xs, std::vector<Tensor>(xs.size()), group, Fp16HeadDots{});
 }
 
 Fp16Group to_fp16(const std::vector<Tensor>& xs, const std::vector<Tensor>& column_biases) {
@@ -212,13 +214,36 @@ Fp16Group to_fp16(const std::vector<Tensor>& xs, const std::vector<Tensor>& colu
              b.device());
     biases[i] = b;
   }
-  TG_DISPATCH_DEVICE(xs[0], GemmKernels, to_fp16, xs, biases, group);
+  TG_DISPATCH_DEVICE(xs[0], GemmKernels, to_fp16, xs, biases, group, Fp16HeadDots{});
   return group;
 }
 
 Fp16Group to_fp16_split(const std::vector<Tensor>& xs) {
   Fp16Group group = allocate_fp16_group("to_fp16_split", xs, true);
-  TG_DISPATCH_DEVICE(xs[0], GemmKernels, to_fp16, xs, std::vector<Tensor>(xs.size()), group);
+  TG_DISPATCH_DEVICE(xs[0], GemmKernels, to_fp16, xs, std::vector<Tensor>(xs.size()), group, Fp16HeadDots{});
+  return group;
+}
+
+Fp16Group to_fp16_with_head_dots(const Tensor& x, const Fp16HeadDots& dots, bool split) {
+  const char* op = "to_fp16_with_head_dots";
+  Fp16Group group = allocate_fp16_group(op, {x}, split);
+  const Tensor &other = dots.other, &out = dots.out;
+  check_defined(op, "other", other);
+  check_defined(op, "out", out);
+  const int64_t S = dots.seq_len, rows = x.size(0), C = x.size(1);
+  TG_CHECK(C % 64 == 0 && S > 0 && rows % S == 0, op, ": x ", x.shape(), " must be [B S, 64 H] for seq_len ", S);
+  TG_CHECK(other.shape() == x.shape() && other.dtype() == DType::Float32 && other.is_contiguous() &&
+               other.device() == x.device(),
+           op, ": other must be a contiguous float32 ", x.shape(), " on ", x.device(), " like x; got ",
+           dtype_name(other.dtype()), " ", other.shape(), " on ", other.device());
+  const Shape out_shape{rows / S, C / 64, S};
+  TG_CHECK(out.shape() == out_shape && out.dtype() == DType::Float32 && out.is_contiguous() &&
+               out.device() == x.device(),
+           op, ": out must be a contiguous float32 [", rows / S, ", ", C / 64, ", ", S, "] on ", x.device(), "; got ",
+           dtype_name(out.dtype()), " ", out.shape(), " on ", out.device());
+  TG_CHECK(aligned16(x.raw_data()) && aligned16(other.raw_data()), op,
+           ": x and other must start on 16-byte boundaries (read as vectors)");
+  TG_DISPATCH_DEVICE(x, GemmKernels, to_fp16, std::vector<Tensor>{x}, std::vector<Tensor>(1), group, dots);
   return group;
 }
 

@@ -46,10 +46,11 @@ void gemm_into(const char* op, const Tensor& a, const Tensor& b, const Tensor& c
 // it precision drops gradually below, and above 2^79 the largest elements
 // overflow to Inf.
 // One pass over x, usually: e comes from a sample of 1024 elements
-// (fp16_sample_index; their max put in [2^8, 2^9)), the conversion finds the true max as it goes, and a
-// third kernel converts again, with e from the true max (put in [2^13,
-// 2^14)), only a matrix whose max left the window. A group of up to
-// kMaxFp16Group matrices takes one launch of each kernel; the third also
+// (fp16_sample_index; their max put in [2^8, 2^9)) that each block of the
+// conversion reads, the conversion finds the true max as it goes (a max per
+// block), and a second kernel converts again, with e from the true max (put
+// in [2^13, 2^14)), only a matrix whose max left the window. A group of up
+// to kMaxFp16Group matrices takes one launch of each kernel; the second also
 // writes the cuBLAS alpha 2^-(e_i + e_j) of every pair. tapegrad has no fp16
 // dtype: the elements are packed two per float32 and are read only by the
 // fp16 GEMMs and the attention kernels (ops/fused_attention.cu), which take
@@ -71,17 +72,20 @@ struct Fp16Group {
   // float32: the alpha of pair (i, j) at i kMaxFp16Group + j; 0 (beta) at
   // kFp16Beta; at kFp16BoundScales + i, 2^b_i with max |x_i| 2^b_i in [2^13,
   // 2^14), for bounds on products of the kernel's own (ops/fused_attention.cu);
-  // from kFp16Scratch the conversion's scratch (two values per matrix); 1 at
+  // from kFp16Scratch each matrix's first scale (the sample's); 1 at
   // kFp16One (the beta that accumulates); the pairs' alphas times 2^-11 from
-  // kFp16LowAlphas (a product with a low part)
+  // kFp16LowAlphas (a product with a low part); from kFp16BlockMaxima the
+  // conversion's scratch, kFp16MaxBlocks block maxima per matrix
   Tensor scalars;
   // to_fp16_split only: matrix i's low part, 2^11 (s_i x_i - hi_i) rounded to
   // fp16 (hi_i = matrices[i]), so that s_i x_i = hi_i + 2^-11 lo_i to 22 bits.
   std::vector<Fp16Matrix> lows;
 };
+constexpr int kFp16MaxBlocks = 1024;  // of a conversion, per matrix
 constexpr int kFp16Beta = kMaxFp16Group * kMaxFp16Group, kFp16BoundScales = kFp16Beta + 1,
-              kFp16Scratch = kFp16BoundScales + kMaxFp16Group, kFp16One = kFp16Scratch + 2 * kMaxFp16Group,
-              kFp16LowAlphas = kFp16One + 1, kFp16Scalars = kFp16LowAlphas + kMaxFp16Group * kMaxFp16Group;
+              kFp16Scratch = kFp16BoundScales + kMaxFp16Group, kFp16One = kFp16Scratch + kMaxFp16Group,
+              kFp16LowAlphas = kFp16One + 1, kFp16BlockMaxima = kFp16LowAlphas + kMaxFp16Group * kMaxFp16Group,
+              kFp16Scalars = kFp16BlockMaxima + kMaxFp16Group * kFp16MaxBlocks;
 // A low part's factor: lo = kFp16LowFactor (s x - hi).
 constexpr float kFp16LowFactor = 2048.f;
 // 1 / s_i of matrix i of a group, exactly (alpha(i, i) = 1 / s_i^2, s_i a power of two).
@@ -106,6 +110,17 @@ TG_HD void write_fp16_group_scalars(float* scalars, int count, int t, const Inve
 // conversion, as if converting x + b, so that a projection's bias needs no
 // pass of its own over the float product).
 Fp16Group to_fp16(const std::vector<Tensor>& xs, const std::vector<Tensor>& column_biases = {});
+// Beside converting one matrix x [B S, C] (to_fp16, or to_fp16_split with
+// split), the dots of its 64-wide head rows with another's of the same
+// shape: out[b, h, i] = x[b S + i, 64 h .. 64 h + 63] . other[b S + i, ..]
+// (the attention backward's Delta = rowsum(dout o), formed by the pass that
+// converts dout instead of a pass of its own). C a multiple of 64; x and
+// other contiguous and 16-byte aligned; out [B, H, S] contiguous.
+struct Fp16HeadDots {
+  Tensor other, out;
+  int64_t seq_len = 0;
+};
+Fp16Group to_fp16_with_head_dots(const Tensor& x, const Fp16HeadDots& dots, bool split);
 // fp32-level products on fp16 tensor cores ("highest" projections): each
 // matrix as a high and a low fp16 part (Fp16Group::lows), which gemm_fp16
 // multiplies as hi hi + 2^-11 (hi lo + lo hi) (the dropped lo lo term is
@@ -157,8 +172,9 @@ std::vector<Tensor> linear_backward(Tensor g2, const Tensor& x2, const Tensor& w
 template <Device D>
 struct GemmKernels {
   static void gemm(const GemmProblem& p);  // k >= 1
-  static void to_fp16(const std::vector<Tensor>& xs, const std::vector<Tensor>& column_biases,
-                      const Fp16Group& out);  // CUDA only; column_biases: one per matrix, undefined for none
+  // CUDA only; column_biases: one per matrix, undefined for none; dots: of matrix 0, if dots.out is defined
+  static void to_fp16(const std::vector<Tensor>& xs, const std::vector<Tensor>& column_biases, const Fp16Group& out,
+                      const Fp16HeadDots& dots);
   static void gemm_fp16(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b,
                         const Tensor& c);  // CUDA only
 };

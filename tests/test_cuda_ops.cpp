@@ -13,6 +13,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 
 #include "cuda_helpers.h"
 #include "op_table.h"
@@ -484,6 +485,45 @@ TEST_CASE("cuda/to_fp16 with column biases equals to_fp16 of x + b" * doctest::s
   CHECK_THROWS_WITH(tg::to_fp16(xs, {biases[0]}), doctest::Contains("to_fp16: 1 column biases for 4 matrices"));
   CHECK_THROWS_WITH(tg::to_fp16({xs[1]}, {biases[0]}),
                     doctest::Contains("to_fp16: the column bias of matrix 0 [33,5] must be a contiguous float32 [5]"));
+}
+
+// to_fp16_with_head_dots: the conversion bit for bit to_fp16's (to_fp16_split's
+// with split), and out[b, h, i] the dot of x and other over head h's 64
+// columns of row b S + i, against float64 sums (out poisoned with NaN
+// first). Shapes: one pass of the grid, and one of several passes whose
+// column step wraps rows (3000 x 1024: 768 K quads for 262 K threads).
+TEST_CASE("cuda/to_fp16_with_head_dots: Delta and the conversion in one pass" * doctest::skip(kNoGpu)) {
+  const tg::TensorOptions cuda32{tg::DType::Float32, tg::Device::CUDA};
+  for (const auto [B, S, H] : {std::tuple{3, 37, 4}, std::tuple{2, 1500, 16}, std::tuple{1, 1, 1}})
+    for (const bool split : {false, true}) {
+      CAPTURE(B);
+      CAPTURE(S);
+      CAPTURE(split);
+      const int64_t C = 64 * H;
+      const tg::Tensor x = tg::randn({B * S, C}), other = tg::randn({B * S, C});
+      const tg::Tensor out = tg::full({B, H, S}, std::numeric_limits<double>::quiet_NaN(), cuda32);
+      const tg::Tensor xc = x.cuda();
+      const tg::Fp16Group dotted = tg::to_fp16_with_head_dots(xc, {other.cuda(), out, S}, split);
+      const tg::Fp16Group plain = split ? tg::to_fp16_split({xc}) : tg::to_fp16({xc});
+      CHECK(max_abs_diff(dotted.scalars, plain.scalars, true) == 0);
+      CHECK(max_abs_diff(dotted.matrices[0].values, plain.matrices[0].values, true) == 0);
+      if (split) CHECK(max_abs_diff(dotted.lows[0].values, plain.lows[0].values, true) == 0);
+      const std::vector<double> xv = x.to_vector(), ov = other.to_vector(), got = out.cpu().to_vector();
+      double worst = 0;
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t i = 0; i < S; ++i) {
+            double dot = 0, magnitude = 0;
+            for (int64_t d = 0; d < 64; ++d) {
+              const size_t at = size_t((b * S + i) * C + 64 * h + d);
+              dot += xv[at] * ov[at];
+              magnitude += std::abs(xv[at] * ov[at]);
+            }
+            const double g = got[size_t((b * H + h) * S + i)];
+            worst = std::isnan(g) ? INFINITY : std::max(worst, std::abs(g - dot) / magnitude);
+          }
+      CHECK(worst < 64 * 0x1p-24);  // fp32 sums of 64 products
+    }
 }
 
 // cuda::Fork: the side work starts after everything queued before the fork

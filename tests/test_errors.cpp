@@ -133,6 +133,23 @@ TEST_CASE("errors/gemm_fp16 checks its operands and sizes its product") {
   CHECK(error_of([&] { tg::gemm_fp16(split, 0, false, 1, false); }) == "gemm_fp16: fp16 GEMMs run on CUDA only");
 }
 
+// to_fp16_with_head_dots checks x, other and out before the device.
+TEST_CASE("errors/to_fp16_with_head_dots checks its shapes before the device") {
+  const tg::Tensor x = tg::zeros({6, 128});  // B = 2, S = 3, H = 2
+  const auto dots = [&](const tg::Tensor& other, const tg::Tensor& out, int64_t S) {
+    return error_of([&] { tg::to_fp16_with_head_dots(x, {other, out, S}, false); });
+  };
+  const tg::Tensor out = tg::zeros({2, 2, 3});
+  CHECK(dots(tg::zeros({6, 64}), out, 3) ==
+        "to_fp16_with_head_dots: other must be a contiguous float32 [6,128] on cpu like x; got float32 [6,64] on cpu");
+  CHECK(dots(x, tg::zeros({2, 3, 2}), 3) ==
+        "to_fp16_with_head_dots: out must be a contiguous float32 [2, 2, 3] on cpu; got float32 [2,3,2] on cpu");
+  CHECK(dots(x, out, 4) == "to_fp16_with_head_dots: x [6,128] must be [B S, 64 H] for seq_len 4");
+  CHECK(contains(error_of([&] { tg::to_fp16_with_head_dots(tg::zeros({6, 96}), {tg::zeros({6, 96}), out, 3}, false); }),
+                 "x [6,96] must be [B S, 64 H]"));
+  CHECK(contains(dots(x, out, 3), "exist on CUDA only"));
+}
+
 // to_fp16_split checks its matrices as to_fp16 does, before the device.
 TEST_CASE("errors/to_fp16_split checks its matrices") {
   CHECK(contains(error_of([] { tg::to_fp16_split({}); }), "to_fp16_split: takes 1 to 4 matrices, got 0"));
