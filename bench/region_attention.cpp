@@ -14,7 +14,7 @@
 // [B,H,S,S] tensor + the 64 MiB dE write + eight [B,S,C] tensors + the
 // weights.
 //
-// Usage: region_attention [--json FILE] [--cases N | --case K...] [--high-only]
+// Usage: region_attention [--json FILE] [--cases N | --case K...] [--high-only] [--mma-sync]
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -78,10 +78,14 @@ int main(int argc, char** argv) {
   app.add_option("--cases", n_cases, "run only the first N cases")->check(CLI::Range(size_t(1), n_cases));
   app.add_option("--case", only, "run only these cases (1 = the first)")->check(CLI::Range(size_t(1), n_cases));
   app.add_flag("--high-only", high_only, "time fused \"high\" alone (for profiling)");
+  bool mma_sync = false;
+  app.add_flag("--mma-sync", mma_sync,
+               "\"high\" on the mma.sync backward kernel where the warpgroup-MMA one would run (compute capability 9.0)");
   CLI11_PARSE(app, argc, argv);
   if (only.empty())
     for (size_t k = 1; k <= n_cases; ++k) only.push_back(k);
   if (!tgbench::cuda_present("region_attention")) return 1;
+  tg::cuda::enable_warpgroup_attention(!mma_sync);
   tg::manual_seed(0);
   tgbench::Timer timer;
   const tgbench::Ceilings ceil = tgbench::measure_ceilings(timer);

@@ -51,6 +51,7 @@ std::string replay_key(const float* const* in, float* const* out, float scale, f
   add(z);
   add(precision);
   add(stream);
+  add(tg::cuda::warpgroup_attention_enabled());  // which backward kernel the graph holds
   return key;
 }
 

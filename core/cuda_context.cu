@@ -1,3 +1,4 @@
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <iterator>
@@ -174,6 +175,12 @@ void synchronize() { TG_CUDA_CHECK(cudaStreamSynchronize(stream()), "synchronize
 void set_sync_debug(bool on) { sync_debug_flag = on; }
 bool sync_debug() { return sync_debug_flag; }
 
+namespace {
+std::atomic<bool> warpgroup_attention{true};
+}  // namespace
+void enable_warpgroup_attention(bool on) { warpgroup_attention = on; }
+bool warpgroup_attention_enabled() { return warpgroup_attention; }
+
 Context& context() {
   static Context ctx;
   static std::once_flag once;
@@ -182,6 +189,8 @@ Context& context() {
     TG_CUDA_CHECK(cudaGetDevice(&ctx.device), "cuda context");
     TG_CUDA_CHECK(cudaDeviceGetAttribute(&ctx.sm_count, cudaDevAttrMultiProcessorCount, ctx.device),
                   "cuda context");
+    TG_CUDA_CHECK(cudaDeviceGetAttribute(&ctx.major, cudaDevAttrComputeCapabilityMajor, ctx.device), "cuda context");
+    TG_CUDA_CHECK(cudaDeviceGetAttribute(&ctx.minor, cudaDevAttrComputeCapabilityMinor, ctx.device), "cuda context");
     TG_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx.stream, cudaStreamNonBlocking), "cuda context");
     TG_CUDA_CHECK(cublasCreate(&ctx.cublas), "cuda context");
     TG_CUDA_CHECK(cudaMalloc(&ctx.cublas_workspace, kCublasWorkspace), "cuda context");

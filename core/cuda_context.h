@@ -13,6 +13,7 @@ namespace tg::cuda {
 struct Context {
   int device = 0;
   int sm_count = 0;
+  int major = 0, minor = 0;  // compute capability
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
   cudnnHandle_t cudnn = nullptr;

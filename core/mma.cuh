@@ -48,6 +48,7 @@ __device__ __forceinline__ void mma_16x8x8(float (&d)[4], const uint32_t (&a)[4]
 struct Tf32x3 {
   using Staged = float;  // the element type of operand tiles in shared memory
   static constexpr bool kHighest = true;
+  static constexpr bool kWarpgroup = false;  // per-warp products (core/wgmma.cuh has the warpgroup's)
   template <int N>
   struct Frag {
     uint32_t big[N], small[N];
@@ -204,7 +205,7 @@ __device__ __forceinline__ uint32_t pack_half2(float x, float y) {
 // fp16 (converted, with their scales, before the kernel reads them).
 struct Fp16 {
   using Staged = __half;
-  static constexpr bool kHighest = false;
+  static constexpr bool kHighest = false, kWarpgroup = false;
   static constexpr int kParts = 1;  // fp16 values per operand element
 };
 
@@ -217,10 +218,49 @@ struct Fp16 {
 // lo values (kLowOffset).
 struct Fp16x3 {
   using Staged = __half;
-  static constexpr bool kHighest = true;
+  static constexpr bool kHighest = true, kWarpgroup = false;
   static constexpr int kParts = 2;
 };
 constexpr int kLowOffset = 64;  // from a staged hi value to its lo value, in elements
+
+// "high" on Hopper's warpgroup MMA (its products in core/wgmma.cuh, sm_90a
+// alone): the Fp16 policy's operands (fp16, scaled by the kernel), staged
+// as core matrices (core_matrix_offset, below: no padding), and each product
+// of the per-warp interface here computed for the whole warpgroup at once: 64 x 64 x 64, four wgmma
+// instructions, every warp receiving its 16 rows of the result in mma.sync's
+// C fragment. A kernel written for the per-warp products runs with these as
+// it stands, provided it calls them with all four warps of its CTA, each
+// warp's A rows are its own 16 in staged order (a_row(r) = 16 warp + r), and
+// it calls the hooks (operand_tiles_written, products_done) where the
+// asynchrony needs them.
+struct Fp16Warpgroup {
+  using Staged = __half;
+  static constexpr bool kHighest = false, kWarpgroup = true;
+  static constexpr int kParts = 1;
+};
+
+// Where element (r, k) of a tile of rows of `cols` halves lies, in halves,
+// when it is stored as core matrices of 8 rows x 8 halves (128 contiguous
+// bytes), those next along k 128 bytes on and the next 8 rows cols / 8 x
+// 128 bytes on: wgmma's K-major layout without swizzle (core/wgmma.cuh),
+// in which the warpgroup policy (Fp16Warpgroup) stages its operand tiles.
+__host__ __device__ constexpr int core_matrix_offset(int r, int k, int cols) {
+  return (r / 8) * cols * 8 + (k / 8) * 64 + (r % 8) * 8 + k % 8;
+}
+
+// The hooks of a policy whose products run asynchronously, read by the
+// tensor cores from shared memory (core/wgmma.cuh's Fp16Warpgroup); nothing
+// to do for the per-warp ones here. operand_tiles_written: after a thread's
+// writes of operand tiles (its cp.async groups waited for), before the
+// barrier that precedes the products. products_done: before the results of
+// an issued product are read, or what it reads (its registers, its shared
+// tiles) is written again.
+template <class Mma>
+  requires(!Mma::kWarpgroup)
+__device__ __forceinline__ void operand_tiles_written() {}
+template <class Mma>
+  requires(!Mma::kWarpgroup)
+__device__ __forceinline__ void products_done() {}
 
 // Every part's four registers (ldmatrix_x4) from `row`, a lane's address of
 // its hi values (the lo values kLowOffset further).
@@ -268,6 +308,7 @@ __device__ __forceinline__ void mma_parts(float (&d)[4], const uint32_t (&a)[Mma
 // parameters are the TF32 version's, so that a kernel calls both alike: K
 // counts 8-wide k blocks (a step takes two).
 template <class Mma, int K, int N, class RowOf>
+  requires(!Mma::kWarpgroup)
 __device__ __forceinline__ void tile_product(float (&acc)[N][4], const __half* a_tile, int a_stride, const RowOf& a_row,
                                              const __half* b_tile, int b_stride, int n0, int lane) {
   static_assert(N % 2 == 0 && K % 2 == 0, "tile_product (fp16): pairs of n-tiles and k blocks");
@@ -307,6 +348,7 @@ __device__ __forceinline__ void mma_times_k_major(float (&acc)[N][4], const uint
 // rounded to fp16 as they are, split with Fp16x3) and B a k-major fp16 shared
 // tile.
 template <class Mma, int K, int N>
+  requires(!Mma::kWarpgroup)
 __device__ __forceinline__ void accumulator_product(float (&acc)[N][4], const float (&a_acc)[K][4],
                                                     const __half* b_tile, int b_stride, int lane) {
   static_assert(N % 2 == 0 && K % 2 == 0, "accumulator_product (fp16): pairs of n-tiles");
@@ -327,6 +369,7 @@ __device__ __forceinline__ void accumulator_product(float (&acc)[N][4], const fl
 // shared tile (16 x 8K, rounded to fp16 as loaded, split with Fp16x3) and B a
 // k-major fp16 shared tile.
 template <class Mma, int K, int N, class RowOf>
+  requires(!Mma::kWarpgroup)
 __device__ __forceinline__ void scaled_float_product(float (&acc)[N][4], const float* a_tile, int a_stride,
                                                      const RowOf& a_row, float a_scale, const __half* b_tile,
                                                      int b_stride, int lane) {

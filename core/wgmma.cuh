@@ -36,6 +36,8 @@
 
 #include <cstdint>
 
+#include "core/mma.cuh"
+
 // wgmma exists in the architecture-specific target alone: sm_90a, not sm_90.
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "core/wgmma.cuh: wgmma needs the sm_90a target (CUDA_ARCHITECTURES 90a), not plain sm_90"
@@ -64,7 +66,7 @@ struct KMajor<Swizzle::kNone> {
   static constexpr bool kTransposed = false;  // the instruction's imm-trans for such an operand
   // Where element (r, k) lies, in halves from the tile's start.
   __host__ __device__ static constexpr int offset(int r, int k, int /*rows*/, int cols) {
-    return (r / 8) * cols * 8 + (k / 8) * 64 + (r % 8) * 8 + k % 8;
+    return mma::core_matrix_offset(r, k, cols);
   }
   // The descriptor of product s (K columns 16 s .. 16 s + 15); tile 16-byte aligned.
   __device__ static uint64_t product(const __half* tile, int s, int /*rows*/, int cols) {
@@ -174,3 +176,106 @@ __device__ __forceinline__ void mma_64x64x16(float (&d)[32], const uint32_t (&a)
 #undef TG_WGMMA_D32_OPERANDS
 
 }  // namespace tg::cuda::wgmma
+
+namespace tg::cuda::mma {
+
+// The products of the warpgroup policy (core/mma.cuh's Fp16Warpgroup).
+template <class Mma>
+  requires(Mma::kWarpgroup)
+__device__ __forceinline__ void operand_tiles_written() {
+  wgmma::fence_shared_writes();
+}
+template <class Mma>
+  requires(Mma::kWarpgroup)
+__device__ __forceinline__ void products_done() {
+  wgmma::wait<0>();
+}
+
+namespace warpgroup {
+using KMajorTile = wgmma::KMajor<wgmma::Swizzle::kNone>;  // a staged 64 x 64 tile, K along its rows
+using RowsAsK = wgmma::MnMajorOfRows;                      // the same tile with K down its rows
+constexpr int kTile = 64;
+
+// The accumulators of a 64 x 64 product as wgmma's operand list (the same registers).
+__device__ __forceinline__ float (&flat(float (&acc)[8][4]))[32] { return reinterpret_cast<float(&)[32]>(acc); }
+
+// The A fragment of k-step s (16 columns) from f times 16 x 64 float values
+// (pair (r, c) of row g or g + 8 at `pair`): mma.sync's m16n8k16 A fragment.
+template <class PairAt>
+__device__ __forceinline__ void a_fragment(uint32_t (&a)[4], int s, const PairAt& pair) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 v = pair(i & 1, 16 * s + 8 * (i >> 1));  // a0 (g, 2t..), a1 (g + 8, ..), a2 (g, 2t + 8..), a3
+    a[i] = pack_half2(v.x, v.y);
+  }
+}
+}  // namespace warpgroup
+
+// acc += A B^T, A a staged 64 x 64 tile (its rows the warpgroup's, K-major)
+// and B the staged n-major tile from row n0 ([n][k]); issued and waited for.
+template <class Mma, int K, int N, class RowOf>
+  requires(Mma::kWarpgroup)
+__device__ __forceinline__ void tile_product(float (&acc)[N][4], const __half* a_tile, int /*a_stride*/,
+                                             const RowOf& /*a_row: 16 warp + r*/, const __half* b_tile,
+                                             int /*b_stride*/, int n0, int /*lane*/) {
+  using namespace warpgroup;
+  static_assert(K == 8 && N == 8, "warpgroup products are 64 x 64 x 64");
+  const __half* b = b_tile + core_matrix_offset(n0, 0, kTile);
+  wgmma::fence();
+#pragma unroll
+  for (int s = 0; s < kTile / 16; ++s)
+    wgmma::mma_64x64x16(flat(acc), KMajorTile::product(a_tile, s, kTile, kTile), KMajorTile::product(b, s, kTile, kTile),
+                        true);
+  wgmma::commit();
+  wgmma::wait<0>();
+}
+
+// acc += A B, A an earlier product's accumulators (rounded to fp16 as they
+// are) and B a staged k-major tile ([k][n], read MN-major); issued, not
+// waited for: products_done before acc is read or b_tile written, and
+// a_acc unchanged until then.
+template <class Mma, int K, int N>
+  requires(Mma::kWarpgroup)
+__device__ __forceinline__ void accumulator_product(float (&acc)[N][4], const float (&a_acc)[K][4],
+                                                    const __half* b_tile, int /*b_stride*/, int /*lane*/) {
+  using namespace warpgroup;
+  static_assert(K == 8 && N == 8, "warpgroup products are 64 x 64 x 64");
+  wgmma::fence();
+#pragma unroll
+  for (int s = 0; s < kTile / 16; ++s) {
+    uint32_t a[4];
+    a_fragment(a, s, [&](int r, int k) {
+      const float(&c)[4] = a_acc[k / 8];
+      return make_float2(c[2 * r], c[2 * r + 1]);
+    });
+    wgmma::mma_64x64x16<true>(flat(acc), a, RowsAsK::product(b_tile, s, kTile, kTile), true);
+  }
+  wgmma::commit();
+}
+
+// acc += (a_scale A) B, A the warp's rows a_row(r) of a float32 shared tile
+// (rounded to fp16 as loaded) and B a staged k-major tile; issued and waited for.
+template <class Mma, int K, int N, class RowOf>
+  requires(Mma::kWarpgroup)
+__device__ __forceinline__ void scaled_float_product(float (&acc)[N][4], const float* a_tile, int a_stride,
+                                                     const RowOf& a_row, float a_scale, const __half* b_tile,
+                                                     int /*b_stride*/, int lane) {
+  using namespace warpgroup;
+  static_assert(K == 8 && N == 8, "warpgroup products are 64 x 64 x 64");
+  const int g = lane >> 2, t = lane & 3;
+  const float* rows[2] = {a_tile + a_row(g) * a_stride + 2 * t, a_tile + a_row(g + 8) * a_stride + 2 * t};
+  wgmma::fence();
+#pragma unroll
+  for (int s = 0; s < kTile / 16; ++s) {
+    uint32_t a[4];
+    a_fragment(a, s, [&](int r, int k) {
+      const float2 v = *reinterpret_cast<const float2*>(rows[r] + k);
+      return make_float2(a_scale * v.x, a_scale * v.y);
+    });
+    wgmma::mma_64x64x16<true>(flat(acc), a, RowsAsK::product(b_tile, s, kTile, kTile), true);
+  }
+  wgmma::commit();
+  wgmma::wait<0>();
+}
+
+}  // namespace tg::cuda::mma

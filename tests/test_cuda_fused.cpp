@@ -84,16 +84,32 @@ void check_near_fp32(const Gradients& highest, const Gradients& ref32, const Gra
   }
 }
 
+// "high" from each backward kernel this device runs: on compute capability
+// 9.0 the warpgroup-MMA kernel (the default there) and the mma.sync one
+// (enable_warpgroup_attention(false)); elsewhere the mma.sync one alone.
+std::vector<std::pair<std::string, Gradients>> high_by_kernel(const BackwardInputs& in, double scale, double p) {
+  const auto run = [&] { return tg::fused::region_attention_backward(in, scale, p, tg::MatmulPrecision::High); };
+  std::vector<std::pair<std::string, Gradients>> out;
+  if (tg::cuda::context().major == 9 && tg::cuda::context().minor == 0) out.emplace_back("warpgroup", run());
+  tg::cuda::enable_warpgroup_attention(false);
+  out.emplace_back("mma.sync", run());
+  tg::cuda::enable_warpgroup_attention(true);
+  return out;
+}
+
 void check_case(const Spec& s, double atol, const BackwardInputs& in) {
   const double scale = 1 / std::sqrt(double(s.C / s.H));
   const std::vector<tg::Tensor> before = inputs_of(in);
   std::vector<tg::Tensor> copies;
   for (const tg::Tensor& t : before) copies.push_back(t.clone());
-  const Gradients high = tg::fused::region_attention_backward(in, scale, s.p, tg::MatmulPrecision::High);
+  const auto high = high_by_kernel(in, scale, s.p);
   const Gradients highest = tg::fused::region_attention_backward(in, scale, s.p, tg::MatmulPrecision::Highest);
   for (size_t i = 0; i < before.size(); ++i) CHECK(max_abs_diff(before[i], copies[i]) == 0.0);  // inputs untouched
   const Gradients ref32 = reference_backward(in, scale, s.p, tg::DType::Float32);
-  check_benchmark_rule(high, ref32, atol);
+  for (const auto& [kernel, grads] : high) {
+    CAPTURE(kernel);
+    check_benchmark_rule(grads, ref32, atol);
+  }
   check_near_fp32(highest, ref32, reference_backward(in, scale, s.p, tg::DType::Float64));
 }
 
@@ -202,6 +218,9 @@ TEST_CASE("fused/benchmark interface: fp16 scales follow each operand's magnitud
     CAPTURE(std::string(name));
     check_power_of_two_scaling(in, scale, s, precision);
   }
+  tg::cuda::enable_warpgroup_attention(false);  // "high" on the mma.sync kernel too (on compute capability 9.0)
+  check_power_of_two_scaling(in, scale, s, tg::MatmulPrecision::High);
+  tg::cuda::enable_warpgroup_attention(true);
 }
 
 // Dropout near 1: with p = 1 - 2^-21 and ten valid keys per row (P ~ 0.1), a
@@ -224,11 +243,14 @@ TEST_CASE("fused/benchmark interface: dropout near 1 (Pd beyond fp16's range)" *
   REQUIRE(max_abs(in.attention_probs_dropped) > 2 * 65504.0);
   const double scale = 1 / std::sqrt(double(s.C / s.H));
   const Gradients ref64 = reference_backward(in, scale, s.p, tg::DType::Float64);
-  const auto got = outputs_of(tg::fused::region_attention_backward(in, scale, s.p, tg::MatmulPrecision::High));
   const auto ref = outputs_of(ref64);
-  for (size_t i = 0; i < got.size(); ++i) {
-    CAPTURE(std::string(kOutputNames[i]));
-    CHECK(relative_error(got[i], ref[i]) < 1e-2);
+  for (const auto& [kernel, grads] : high_by_kernel(in, scale, s.p)) {
+    CAPTURE(kernel);
+    const auto got = outputs_of(grads);
+    for (size_t i = 0; i < got.size(); ++i) {
+      CAPTURE(std::string(kOutputNames[i]));
+      CHECK(relative_error(got[i], ref[i]) < 1e-2);
+    }
   }
   check_near_fp32(tg::fused::region_attention_backward(in, scale, s.p, tg::MatmulPrecision::Highest),
                   reference_backward(in, scale, s.p, tg::DType::Float32), ref64);

@@ -1,0 +1,607 @@
+// The fused attention backward kernel (one pass per key tile over the
+// queries) and its launcher, a template over the product policy: built for
+// sm_90 with the mma.sync policies (ops/fused_attention.cu) and for sm_90a
+// with Hopper's warpgroup MMA (ops/fused_attention_warpgroup.cu, which
+// includes core/wgmma.cuh first, so that its products are the ones found).
+#pragma once
+#include "ops/fused_attention_tiles.cuh"
+
+namespace tg::cuda {
+
+namespace {
+
+// --------------------------------------------------------------- backward
+// One CTA per (64 keys, b, h, split of the query tiles), 4 warps of 16 keys,
+// two or three CTAs per SM (BackwardLayout). The CTA keeps its keys' V and K (and K^T for the
+// 3xTF32 products of dQ) and walks query tiles of 64. Per warp and tile, in the
+// transposed orientation (rows = keys):
+//   S^T = K Q^T (recompute)  ->  P^T, Pd^T;   dPd^T = V dO^T;   dS^T
+//   dV += Pd^T dO;   dK += dS^T Q                   (accumulators used as A)
+// then dS goes through shared memory for dQ = dS K and the batch sum of dE,
+// both added atomically. A warp's 16 rows are keys 2r and 2r+1 at fragment
+// rows r and r + 8, so a thread's two rows are neighbouring columns of one Philox block.
+//
+// Loads are cp.async groups, issued ahead of their use: this tile's S x S
+// input (P, or the edit_region_bias corner) while dPd^T is computed; the next
+// tile's Q, dO, per-query e, Delta (lse) and Pd as soon as this tile's are
+// read, during dQ and dE.
+//
+// With the Fp16 policy ("high") Q, K, V and dO arrive as fp16 copies scaled
+// by powers of two (to_fp16), K Q^T (recomputed) is unscaled, dS is scaled by
+// a power of two from a bound on |dS| before it is rounded to fp16, and every
+// product is unscaled where it is used (BackwardScales). The Fp16x3 policy
+// ("highest" reading P) is the same with every operand as fp16 hi + 2^-11 lo:
+// Q, K, V and dO from to_fp16_split's copies (both parts staged, two CTAs per
+// SM), Pd and dS split in registers.
+
+constexpr int kBwdKeys = 64, kBwdRows = 64, kBwdThreads = 128;
+static_assert(kBwdRows <= kBwdKeys && kBwdKeys <= kStride, "float tiles ([query][key] or [key][d]) fit stride kStride");
+static_assert(kBwdKeys == 16 * (kBwdThreads / 32) && kBwdRows == kBwdKeys,
+              "a warp holds 16 keys (key_of_row) and computes dQ for 16 queries");
+
+// The backward's shared memory, in bytes: the operand tiles K, V, Q and dO
+// (Mma::Staged), then float tiles: dS (P or E in, dS out) and a second one,
+// K^T for the 3xTF32 dQ product or, with kRead, the Pd tile (fp16 tiles in
+// training have none); then per-query vectors (at "highest" with kRead each
+// warp's four row sums) and per-key vectors.
+template <class Mma, bool kRead>
+struct BackwardLayout : TileLayout<Mma> {
+  using T = TileLayout<Mma>;
+  static constexpr int kCtasPerSm = T::kHalf && !T::kSplit ? 3 : 2;  // Fp16x3: 111 KB
+  static constexpr bool kSecondTile = !T::kHalf || kRead;
+  static constexpr size_t kRowSumBytes = kRead && Mma::kHighest ? kBwdThreads / 32 * 4 * kBwdRows * sizeof(double) : 0;
+  static constexpr size_t kK = 0, kV = T::kTile, kQ = 2 * T::kTile, kDO = 3 * T::kTile, kDS = 4 * T::kTile,
+                          kSecond = kDS + T::kFloatTile,
+                          kSums = kSecond + (kSecondTile ? T::kFloatTile : 0),  // q_sums: doubles first
+      kRows = kSums + kRowSumBytes, kKeys = kRows + 3 * kBwdRows * sizeof(float),
+                          kBytes = kKeys + 2 * kBwdKeys * sizeof(float);
+};
+
+// HalfKeyGradients as the kernel writes them (dk.ptr null: float dK and dV).
+struct KeyHalves {
+  HeadRows<__half> dk, dv;  // rows of [B S, 2C]
+  int* exponents;           // [B H groups]
+  int* min_exponent;
+  float* dbv;               // [C]
+  int64_t groups;           // key groups of kHalfKeyGroup per (b, h)
+};
+
+struct BackwardArgs {
+  HeadRows<const float> q, k, v;
+  const float* dout;          // [B,S,H*D]
+  const float *lse, *delta;   // [B,H,S]
+  const float *P, *Pd;        // [B,H,S,S], or null: recompute
+  HeadRows<float> dq, dk, dv;
+  float* dE;                      // optional (null: not wanted)
+  double* dw_sums;                // [2,H]: sum dS e_i e_j, sum dS cross(e_i, e_j); null: not wanted or kRowSums
+  float *colsum_ds, *rowsum_pd;   // with kRead
+  double* row_sums;               // [4,B,H,S] with kRowSums: A, B, m, n of each query row
+  HalfOperands half;              // with the Fp16 and Fp16x3 policies
+  ScoreArgs sc;
+  int splits;  // CTAs per key tile, each walking every splits-th query tile; 1: dK and dV are stored, not added
+  KeyHalves kv;  // in training with fp16 tiles, optional (then splits is 1)
+};
+
+// The factors between the kernel's scaled products and the true values (all
+// 1 for float tiles). With fp16 tiles x is stored as s_x x, s_x = 2^e_x; the
+// bound scale b_x (Fp16Group::scalars) has max |b_x x| < 2^14, so |dPd| <= D
+// max|dO| max|v| < 2^34 / (b_dO b_v); |dP| is at most keep_scale times that,
+// |Delta| <= max |dP| (a convex combination), and |dS| = P |dP - Delta| <
+// 2^(35 + e_keep) / (b_dO b_v). dS is stored as s_dS dS with s_dS = 2^-(20 +
+// e_keep) b_dO b_v, under 2^15 < 65504; Pd, at most keep_scale, as 2^-e_keep
+// Pd, under 1, for any p.
+struct BackwardScales {
+  float qk = 1.f;   // q . k = qk * (the K Q^T product)
+  float dpd = 1.f;  // dPd = dpd * (the V dO^T product)
+  float ds = 1.f;   // the fp16 dS is ds * dS (and Pd is HalfOperands::pd_scale * Pd)
+  float dv = 1.f, dk = 1.f, dq = 1.f;  // dV, dK, dQ = these * their products (the softmax scale included)
+};
+
+template <class Mma>
+__device__ BackwardScales backward_scales(const BackwardArgs& p) {
+  BackwardScales f;
+  f.dk = f.dq = p.sc.scale;
+  if constexpr (TileLayout<Mma>::kHalf) {
+    const HalfOperands& h = p.half;
+    f.qk = h.inverse_scale(kHalfQ) * h.inverse_scale(kHalfK);
+    f.dpd = h.inverse_scale(kHalfV) * h.inverse_scale(kHalfDO);
+    f.ds = fmaxf(0x1p-20f * h.pd_scale * h.bound_scale(kHalfV) * h.bound_scale(kHalfDO), 0x1p-126f);
+    f.dv = h.inverse_scale(kHalfDO) / h.pd_scale;
+    f.dk *= h.inverse_scale(kHalfQ) / f.ds;
+    f.dq *= h.inverse_scale(kHalfK) / f.ds;
+  }
+  return f;
+}
+
+__device__ __forceinline__ int key_of_row(int warp, int r) { return 16 * warp + (r < 8 ? 2 * r : 2 * (r - 8) + 1); }
+
+// Adds the sums of rows 16 warp .. 16 warp + 15 of a float tile 64 wide to
+// *out(row) (null: not added): two lanes per row, 32 columns each, read as
+// 16-byte quads. The second lane of a row starts half-way through its quads,
+// so a quarter warp (4 rows) reads 8 distinct 4-bank groups when stride / 4 is
+// odd (kStride: 4 more than a multiple of 16).
+template <class RowOut>
+__device__ __forceinline__ void add_warp_row_sums(const float* tile, int stride, int warp, int lane,
+                                                  const RowOut& out) {
+  const int row = 16 * warp + (lane >> 1), half = lane & 1;
+  const float4* quads = reinterpret_cast<const float4*>(tile + row * stride) + 8 * half;
+  float sum = 0.f;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const float4 x = quads[(k + 4 * half) & 7];
+    sum += (x.x + x.y) + (x.z + x.w);
+  }
+  sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+  float* dst = out(row);
+  if (half == 0 && dst) atomicAdd(dst, sum);
+}
+
+// The warp's 16 keys of f_k dK and f_v dV (rows row(r): mma::store_pairs)
+// as fp16 at their own scale 2^e, e from the larger of the two maxima
+// (max 2^e in [2^13, 2^14)); e recorded, and the smallest e of a group with
+// a nonzero kept; the v bias gradient added from the float dV (the k bias
+// gradient is 0: the rows of dS sum to 0).
+template <class RowOf>
+__device__ void store_key_halves(const KeyHalves& kv, const float (&dK)[8][4], const float (&dV)[8][4], float fk,
+                                 float fv, int64_t bh, int64_t h, int64_t group, int lane, const RowOf& row) {
+  const float m = warp_max(fmaxf(fabsf(fk) * mma::lane_abs_max(dK), fabsf(fv) * mma::lane_abs_max(dV)));
+  const int e = scale_exponent(m, 14);
+  const float s = ldexpf(1.f, e);
+  mma::write_tile_half(dK, fk * s, row(&kv.dk), lane);
+  mma::write_tile_half(dV, fv * s, row(&kv.dv), lane);
+  if (lane == 0) {
+    kv.exponents[bh * kv.groups + group] = e;
+    if (m != 0.f) atomicMin(kv.min_exponent, e);
+  }
+  mma::add_column_sums(dV, fv, kv.dbv + h * kD, lane);
+}
+
+// kRead: P and Pd are read (the benchmark interface, with the row and column
+// sums for the bias gradient); else recomputed from the log-sum-exp (training).
+// kRowSums ("highest" with kRead): dw_in and dw_x are sums of dS that cancel
+// ~200-fold, so at "highest" they are formed as the fp32 reference forms
+// them, from the kernel's own dP with R = rowsum(dP P) rather than Delta =
+// do . o of the given o (whose rounding differs from R's), out of four fp64
+// row sums
+//   A = sum_j P dP e_j,  B = sum_j P dP (1 - e_j),  m = sum_j P e_j,  n = sum_j P (1 - e_j)
+// (P dP = Pd dPd), which finish_edit_bias_sums combines (docs/derivations.md).
+template <class Mma, bool kRead>
+__global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtasPerSm)
+    attention_backward_kernel(BackwardArgs p) {
+  using Layout = BackwardLayout<Mma, kRead>;
+  using Staged = typename Layout::Staged;
+  constexpr bool kHalf = Layout::kHalf, kRowSums = kRead && Mma::kHighest;
+  static_assert(kHalf || !kRead, "reading P and Pd: fp16 tiles (Fp16 or Fp16x3)");
+  constexpr int kTs = Layout::kTileStride;
+  extern __shared__ __align__(16) unsigned char smem_bytes[];
+  const auto at = [&](size_t offset) { return smem_bytes + offset; };
+  Staged* Ks = reinterpret_cast<Staged*>(at(Layout::kK));     // [key][d]
+  Staged* Vs = reinterpret_cast<Staged*>(at(Layout::kV));     // [key][d], keys in fragment order
+  Staged* Qs = reinterpret_cast<Staged*>(at(Layout::kQ));     // [query][d]
+  Staged* dOs = reinterpret_cast<Staged*>(at(Layout::kDO));   // [query][d]
+  float* dSs = reinterpret_cast<float*>(at(Layout::kDS));     // [query][key]: P (kRead) or E, then dS
+  float* second = Layout::kSecondTile ? reinterpret_cast<float*>(at(Layout::kSecond)) : nullptr;
+  float* KTs = second;  // [d][key] with float tiles
+  float* Pds = second;  // [query][key] with kRead
+  double* q_sums = reinterpret_cast<double*>(at(Layout::kSums));  // [warp][4][query]: see kRowSums
+  float* q_lse = reinterpret_cast<float*>(at(Layout::kRows));
+  float* q_delta = q_lse + kBwdRows;
+  float* q_e = q_delta + kBwdRows;
+  float* key_e = reinterpret_cast<float*>(at(Layout::kKeys));
+  float* key_ok = key_e + kBwdKeys;
+  const ScoreArgs& sc = p.sc;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  // With kRead (the benchmark interface) blockIdx.y is h B + b: the CTAs resident at once cover most batches of one
+  // head, so the dE corner they all add to stays in the L2 (at 773/32 DRAM writes 1.49 -> 0.65 GB, measured with the
+  // query walk rotated too: bench/NOTES.md version 19). In training, b H + h.
+  const int64_t b = kRead ? blockIdx.y % sc.B : blockIdx.y / sc.H, h = kRead ? blockIdx.y / sc.B : blockIdx.y % sc.H;
+  const int64_t bh = b * sc.H + h;
+  const int64_t k0 = int64_t(blockIdx.x / p.splits) * kBwdKeys;
+  const int split = blockIdx.x % p.splits;
+  const int64_t C = sc.H * kD;
+  const float w_in = sc.w_in[h], w_x = sc.w_x[h];
+  constexpr bool recompute = !kRead;
+  const int64_t query_tiles = (sc.S + kBwdRows - 1) / kBwdRows;
+  const BackwardScales factor = backward_scales<Mma>(p);
+  // Pd's factor going into the dV product (its fp16 scale with fp16 tiles).
+  // In training the keep factors carry it (kept), and dP's factor divides it out again.
+  const float pd_factor = kHalf ? p.half.pd_scale : 1.f, kept = sc.keep_scale * pd_factor;
+  const float dpd_over_pd = factor.dpd / pd_factor;
+  const float qk_scale = sc.scale * factor.qk;  // the score's factor of the K Q^T product, as in the forward
+  const auto q_rows = operand_rows<kHalf>(p.q, p.half.q), k_rows = operand_rows<kHalf>(p.k, p.half.k);
+  const auto v_rows = operand_rows<kHalf>(p.v, p.half.v);
+  const auto dout = operand_rows<kHalf>({p.dout, sc.S * C, kD, C}, {p.half.dout, sc.S * C, kD, C});
+  const HeadRows<const __half> dout_low{p.half.dout_low, sc.S * C, kD, C};
+  // Rows row0 .. row0 + 63 of an operand into its tile (row r at order(r)), with Fp16x3 the low parts beside them.
+  const auto copy_operand = [&](const auto& rows, const auto& lows, int64_t row0, Staged* dst, auto order) {
+    copy_head_rows<kBwdThreads>(rows, b, h, row0, kBwdRows, sc.S, dst, Layout::place(order));
+    if constexpr (Layout::kSplit)
+      copy_head_rows<kBwdThreads>(lows, b, h, row0, kBwdRows, sc.S, dst + mma::kLowOffset, Layout::place(order));
+  };
+  // The tile's [query][key] corner of a [.., S or M, S or M] matrix.
+  const auto copy_scores = [&](const float* m, int64_t ld, int64_t q0, float* dst) {
+    copy_tile<kBwdThreads, kBwdRows, kBwdKeys>(m + q0 * ld + k0, ld, sc.S - q0, sc.S - k0, dst, kStride);
+  };
+  const auto probs = [&](const float* m) { return m + bh * sc.S * sc.S; };
+  const auto copy_queries = [&](int64_t qt) {
+    copy_operand(q_rows, p.half.q_low, qt * kBwdRows, Qs, SameRow{});
+    copy_operand(dout, dout_low, qt * kBwdRows, dOs, SameRow{});
+    if (threadIdx.x < kBwdRows) {  // the per-query values, zeros past S (where recompute's P is 0)
+      const int i = static_cast<int>(qt) * kBwdRows + threadIdx.x;
+      const bool ok = i < sc.S;
+      const int src = ok ? i : 0;
+      async::copy4(q_e + threadIdx.x, sc.e + b * sc.S + src, ok);
+      async::copy4(q_delta + threadIdx.x, p.delta + bh * sc.S + src, ok);
+      if constexpr (recompute) async::copy4(q_lse + threadIdx.x, p.lse + bh * sc.S + src, ok);
+    }
+  };
+
+  copy_operand(k_rows, p.half.k_low, k0, Ks, SameRow{});
+  copy_operand(v_rows, p.half.v_low, k0, Vs, FragmentOrder{});
+  copy_queries(split);
+  async::commit();
+  load_key_flags(sc, b, k0, kBwdKeys, key_e, key_ok);
+  async::wait<0>();
+  mma::operand_tiles_written<Mma>();
+  __syncthreads();
+  if constexpr (!kHalf) transpose_rows<kBwdThreads>(Ks, kBwdKeys, KTs, kStride);
+  if constexpr (kRead) {
+    copy_scores(probs(p.Pd), sc.S, split * kBwdRows, Pds);
+    async::commit();
+  }
+
+  const int jl[2] = {key_of_row(warp, g), key_of_row(warp, g + 8)};  // this thread's two keys, side by side
+  const float ej[2] = {key_e[jl[0]], key_e[jl[1]]};
+  const float2 terms[2] = {edit_terms(key_ok[jl[0]] != 0.f, ej[0], w_in, w_x),
+                           edit_terms(key_ok[jl[1]] != 0.f, ej[1], w_in, w_x)};
+  const auto key_rows = [&](int r) { return key_of_row(warp, r); };
+  const auto warp_rows = [&](int r) { return 16 * warp + r; };  // V's keys (stored in fragment order), dQ's queries
+  float dK[8][4] = {}, dV[8][4] = {};
+  // Per key j, over this thread's queries i: the column sum of dS (for the q
+  // bias); and the thread's share of dw_in and dw_x, sums that largely
+  // cancel (fp64 across tiles), from a tile's per-key sums of dS_ij e_i and
+  // dS_ij (16 terms each, in TilePartial: fp32 at "high"):
+  //   sum_i dS_ij e_i e_j = e_j sum_i dS_ij e_i
+  //   sum_i dS_ij cross(e_i, e_j) = (1 - e_j) sum_i dS_ij e_i + e_j sum_i dS_ij (1 - e_i)
+  using TilePartial = std::conditional_t<Mma::kHighest, double, float>;
+  float colsum[2] = {0.f, 0.f};
+  const uint64_t tile_step = dropout_block(8, 0, sc.S);  // 8 rows of the mask further: the next nt
+  double dw_in_part = 0, dw_x_part = 0;
+
+  for (int64_t qt = split; qt < query_tiles; qt += p.splits) {
+    const int64_t q0 = qt * kBwdRows;
+    const int queries = static_cast<int>(min(sc.S - q0, int64_t(kBwdRows)));  // in this tile
+    // This lane's quad_draws block (the quad: the 4 lanes of one t and g >> 2): its row, query 2t + (g & 1)
+    // of query tile (g & 3) >> 1 (of nt 0 and 1), at its keys' 8 columns.
+    const uint64_t tile_block =
+        dropout_block(bh * sc.S + q0 + 8 * ((g & 3) >> 1) + 2 * t + (g & 1), k0 + 16 * warp + 8 * (g >> 2), sc.S);
+    __syncthreads();  // the previous tile's dS and q_sums are no longer read
+    copy_scores(kRead ? probs(p.P) : sc.E + h * sc.M * sc.M, kRead ? sc.S : sc.M, q0, dSs);
+    async::commit();
+    async::wait<1>();  // this tile's Q, dO, e, Delta (lse) and Pd are in; its P or E may still be on the way
+    mma::operand_tiles_written<Mma>();
+    __syncthreads();
+
+    // dPd^T = V dO^T
+    float ds[8][4] = {};
+    mma::tile_product<Mma, 8, 8>(ds, Vs, kTs, warp_rows, dOs, kTs, 0, lane);
+
+    // P^T and Pd^T, read or recomputed from S^T = K Q^T; then in place:
+    // pd <- Pd^T and ds <- dS^T = P^T (dP^T - Delta) = Pd^T dPd^T - P^T Delta.
+    float pd[8][4] = {};
+    if constexpr (recompute) mma::tile_product<Mma, 8, 8>(pd, Ks, kTs, key_rows, Qs, kTs, 0, lane);
+    async::wait<0>();
+    __syncthreads();  // P or E is in
+    TilePartial tile_e[2] = {}, tile_all[2] = {};
+    uint32_t draws[4];  // recompute: quad_draws of tiles nt and nt + 1 (nt even), rows = queries
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      const int il0 = 8 * nt + 2 * t;
+      if (recompute && nt % 2 == 0) quad_draws(sc, tile_block + nt * tile_step, g & 3, 2, draws);
+      double sums[8] = {};  // kRowSums: A, B, m, n (f = 0 .. 3) of query column il0 + c at 2 f + c
+      // Per query column il, the thread's two keys jl[0] and jl[1] = jl[0] + 1
+      // are side by side: P (or E), Pd and dS move as float2, which also
+      // keeps the warp's accesses free of bank conflicts at stride kStride.
+#pragma unroll
+      for (int cq = 0; cq < 2; ++cq) {
+        const int il = il0 + cq;
+        float2* staged = reinterpret_cast<float2*>(dSs + il * kStride + jl[0]);  // P or E in, dS out (zeros past S)
+        const float2 in = *staged;
+        const float2 pd_in = kRead ? *reinterpret_cast<const float2*>(Pds + il * kStride + jl[0]) : float2{};
+        float lse_log2e = 0.f;  // recompute: lse log2(e), +inf past S and on a row whose keys are all masked: P 0
+        bool query_e = false;
+        if constexpr (recompute) {
+          const float lse = q_lse[il];
+          lse_log2e = il < queries && lse != -INFINITY ? lse * kLog2e : INFINITY;
+          query_e = q_e[il] != 0.f;
+        }
+        float out[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int c = cq + 2 * r;  // the accumulator element of key row r, query column il
+          const float staged_in = r ? in.y : in.x;
+          float prob = 0.f, dropped = 0.f, d = 0.f;  // dropped: Pd, times pd_factor in training
+          if constexpr (recompute) {
+            // a masked key's score is -inf, so its P 0
+            const float score = fmaf(pd[nt][c], qk_scale, staged_in) + (query_e ? terms[r].y : terms[r].x);
+            const float keep = keep_factor(sc, draws[cq + 2 * (nt % 2)], r, kept);  // times pd_factor
+            prob = exp_shifted(score, lse_log2e);
+            dropped = prob * keep;
+            d = prob * (dpd_over_pd * ds[nt][c] * keep - q_delta[il]);
+          } else {
+            const float dpd = factor.dpd * ds[nt][c];
+            prob = staged_in;
+            dropped = r ? pd_in.y : pd_in.x;
+            d = dropped * dpd - prob * q_delta[il];
+            if constexpr (kRowSums) {
+              const double pdp = double(dropped) * dpd;
+              sums[cq] += pdp * ej[r];
+              sums[2 + cq] += pdp * (1.f - ej[r]);
+              sums[4 + cq] += double(prob) * ej[r];
+              sums[6 + cq] += double(prob) * (1.f - ej[r]);
+            }
+          }
+          pd[nt][c] = recompute ? dropped : pd_factor * dropped;
+          ds[nt][c] = factor.ds * d;
+          tile_all[r] += d;
+          if constexpr (!kRowSums) tile_e[r] += TilePartial(d) * q_e[il];
+          out[r] = d;
+        }
+        *staged = make_float2(out[0], out[1]);
+      }
+      if constexpr (kRowSums)  // lane g holds sum f = g / 2 of query il0 + g % 2 over the warp's keys
+        q_sums[(4 * warp + (g >> 1)) * kBwdRows + il0 + (g & 1)] = mma::sum_over_fragment_rows(sums, g);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      colsum[r] += static_cast<float>(tile_all[r]);
+      if constexpr (!kRowSums) {
+        dw_in_part += ej[r] * double(tile_e[r]);
+        dw_x_part += (1.0 - ej[r]) * double(tile_e[r]) + ej[r] * (double(tile_all[r]) - double(tile_e[r]));
+      }
+    }
+
+    // dV += Pd^T dO, dK += dS^T Q (issued asynchronously with the warpgroup policy: done before Q and dO are
+    // replaced, while the row sums of Pd run)
+    mma::accumulator_product<Mma, 8, 8>(dV, pd, dOs, kTs, lane);
+    mma::accumulator_product<Mma, 8, 8>(dK, ds, Qs, kTs, lane);
+
+    if constexpr (kRead)  // rowsum(Pd) for the v bias, over this CTA's keys
+      add_warp_row_sums(Pds, kStride, warp, lane, [&](int il) {
+        return q0 + il < sc.S ? p.rowsum_pd + bh * sc.S + q0 + il : nullptr;
+      });
+    mma::products_done<Mma>();
+    __syncthreads();  // dS and q_sums are complete; Q, dO, Pd, e, Delta (lse) are read: the next tile's may land
+    if (qt + p.splits < query_tiles) {
+      copy_queries(qt + p.splits);
+      if constexpr (kRead) copy_scores(probs(p.Pd), sc.S, q0 + p.splits * kBwdRows, Pds);
+    }
+    async::commit();
+
+    // dQ (64 queries x 64 d) += scale dS K: warp -> 16 queries, k over the CTA's keys.
+    {
+      float dq[8][4] = {};
+      if constexpr (kHalf)
+        mma::scaled_float_product<Mma, kBwdKeys / 8, 8>(dq, dSs, kStride, warp_rows, factor.ds, Ks, kTs, lane);
+      else
+        mma::tile_product<Mma, kBwdKeys / 8, 8>(dq, dSs, kStride, warp_rows, KTs, kStride, 0, lane);
+      mma::write_tile(dq, factor.dq, [&](int r) {
+        const int64_t i = q0 + 16 * warp + g + 8 * r;
+        return i < sc.S ? p.dq.row(b, h, i) : nullptr;
+      }, lane, true);
+    }
+
+    // dE[h, i, j] += dS: the batch sum, four keys per atomic (stored when
+    // B = 1: then this CTA is the only one at (h, i, j)). A thread keeps one
+    // quad of keys and walks every kRowStep-th query row.
+    if (p.dE) {
+      const bool add = sc.B > 1;
+      constexpr int kQuads = kBwdKeys / 4, kRowStep = kBwdThreads / kQuads;
+      const int c = 4 * (threadIdx.x % kQuads), r0 = threadIdx.x / kQuads;
+      const int inside = static_cast<int>(std::min<int64_t>(sc.S - k0 - c, 4));  // of the quad's 4 keys
+      const int rows = static_cast<int>(std::min<int64_t>(sc.S - q0, kBwdRows));
+      float* to = p.dE + (h * sc.M + q0 + r0) * sc.M + k0 + c;
+      const float* from = dSs + r0 * kStride + c;
+      if (inside == 4 && sc.M % 4 == 0 && reinterpret_cast<uintptr_t>(p.dE) % 16 == 0) {
+#pragma unroll
+        for (int k = 0; k < kBwdRows / kRowStep; ++k)
+          if (r0 + k * kRowStep < rows) {
+            const float4 v = *reinterpret_cast<const float4*>(from + k * kRowStep * kStride);
+            float* at = to + k * kRowStep * sc.M;
+            if (add) mma::red_add4(at, v.x, v.y, v.z, v.w);
+            else *reinterpret_cast<float4*>(at) = v;
+          }
+      } else {  // the quad that straddles S (or an unaligned dE)
+        for (int r = 0; r0 + r < rows; r += kRowStep)
+          for (int x = 0; x < inside; ++x) {
+            float* at = to + r * sc.M + x;
+            const float v = from[r * kStride + x];
+            if (add) atomicAdd(at, v);
+            else *at = v;
+          }
+      }
+    }
+    if (kRowSums && threadIdx.x < kBwdRows && q0 + threadIdx.x < sc.S) {
+      const int64_t row = bh * sc.S + q0 + threadIdx.x, rows = sc.B * sc.H * sc.S;
+      for (int f = 0; f < 4; ++f) {
+        double sum = 0;
+        for (int w = 0; w < kBwdThreads / 32; ++w) sum += q_sums[(4 * w + f) * kBwdRows + threadIdx.x];
+        atomicAdd(p.row_sums + f * rows + row, sum);
+      }
+    }
+  }
+
+  // The keys' gradients: dK (times scale) and dV, stored when this CTA walked
+  // every query tile, else this split's share added; the column sums are
+  // reduced over the quad first (every lane takes part).
+  const auto key_row = [&](const auto* x) {
+    return [&, x](int r) {
+      const int64_t j = k0 + (r ? jl[1] : jl[0]);  // not jl[r]: indexed by a variable, jl could go to local memory
+      return j < sc.S ? x->row(b, h, j) : nullptr;
+    };
+  };
+  bool halves = false;
+  if constexpr (kHalf && recompute) {
+    halves = p.kv.dk.ptr != nullptr;
+    const int64_t group = k0 / kHalfKeyGroup + warp;  // the warp's keys, 16 warp + (0 .. 15)
+    if (halves && group * kHalfKeyGroup < sc.S)
+      store_key_halves(p.kv, dK, dV, factor.dk, factor.dv, bh, h, group, lane, key_row);
+  }
+  if (!halves) {
+    mma::write_tile(dK, factor.dk, key_row(&p.dk), lane, p.splits > 1);
+    mma::write_tile(dV, factor.dv, key_row(&p.dv), lane, p.splits > 1);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    colsum[r] += __shfl_xor_sync(0xffffffffu, colsum[r], 1);
+    colsum[r] += __shfl_xor_sync(0xffffffffu, colsum[r], 2);
+    if (kRead && t == 0 && k0 + jl[r] < sc.S) atomicAdd(p.colsum_ds + bh * sc.S + k0 + jl[r], colsum[r]);
+  }
+  if (p.dw_sums) {  // fp64 across CTAs too: the partial sums are much larger than the total
+    const double win = block_sum(dw_in_part), wx = block_sum(dw_x_part);
+    if (threadIdx.x == 0) {
+      atomicAdd(p.dw_sums + h, win);
+      atomicAdd(p.dw_sums + sc.H + h, wx);
+    }
+  }
+}
+
+// dw_in[h] and dw_x[h] = their sums, one block per head: the kernel's fp64
+// sums, or with row_sums (kRowSums) the sums over rows (b, i) of
+//   e_i (A - R m)   and   e_i (B - R n) + (1 - e_i)(A - R m),   R = A + B,
+// which are sum_j dS e_j and sum_j dS (1 - e_j) with dS = P (dP - R).
+__global__ void finish_edit_bias_sums_kernel(const double* dw_sums, const double* row_sums, const float* e,
+                                             float* dw_in, float* dw_x, int64_t B, int64_t H, int64_t S) {
+  const int64_t h = blockIdx.x, rows = B * H * S;
+  double in = 0, cross = 0;
+  for (int64_t idx = threadIdx.x; row_sums && idx < B * S; idx += blockDim.x) {
+    const int64_t b = idx / S, i = idx % S, row = (b * H + h) * S + i;
+    const double A = row_sums[row], Bs = row_sums[rows + row], m = row_sums[2 * rows + row],
+                 n = row_sums[3 * rows + row], ei = e[idx], R = A + Bs;
+    in += ei * (A - R * m);
+    cross += ei * (Bs - R * n) + (1 - ei) * (A - R * m);
+  }
+  in = block_sum(in);
+  cross = block_sum(cross);
+  if (threadIdx.x == 0) {
+    dw_in[h] = static_cast<float>(row_sums ? in : dw_sums[h]);
+    dw_x[h] = static_cast<float>(row_sums ? cross : dw_sums[H + h]);
+  }
+}
+
+KeyHalves key_halves_args(const HalfKeyGradients& kv, const AttentionDims& d) {
+  const int64_t C = d.H * kD;
+  __half* values = reinterpret_cast<__half*>(kv.values.data<float>());
+  const auto rows = [&](int t) { return HeadRows<__half>{values + t * C, d.S * 2 * C, kD, 2 * C}; };
+  return {rows(0), rows(1), reinterpret_cast<int*>(kv.exponents.data<float>()),
+          reinterpret_cast<int*>(kv.scratch.data<float>()), kv.dbv.data<float>(),
+          (d.S + kHalfKeyGroup - 1) / kHalfKeyGroup};
+}
+
+// The backward's fp16 operands: q, k, v from in.qkv_half (in training the
+// forward's copy of qkv; for the benchmark interface the caller's copies of
+// q, k and v), dout from g.dout_half; with `split` (Fp16x3) their low parts
+// too (to_fp16_split's groups).
+HalfOperands half_operands(const AttentionInputs& in, const AttentionGradTensors& g, bool read, bool split) {
+  const AttentionDims d = in.d;
+  TG_CHECK(g.dout_half.matrices.size() == 1, "fused_attention_backward: fp16 tiles need dout's fp16 copy");
+  TG_CHECK(!split || (read && in.qkv_half.lows.size() == 3 && g.dout_half.lows.size() == 1),
+           "fused_attention_backward: split fp16 tiles read P and need the low parts of q, k, v and dout "
+           "(to_fp16_split); got ", in.qkv_half.lows.size(), " and ", g.dout_half.lows.size());
+  HalfOperands h;
+  if (read) {
+    TG_CHECK(in.qkv_half.matrices.size() == 3, "fused_attention_backward: fp16 tiles reading P need q, k, v's "
+             "fp16 copies (three matrices), got ", in.qkv_half.matrices.size());
+    const auto heads = [&](const Fp16Matrix& m) {
+      return HeadRows<const __half>{half_values(m), d.H * d.S * kD, d.S * kD, kD};
+    };
+    const auto& hi = in.qkv_half.matrices;
+    const float* s = in.qkv_half.scalars.data<float>();
+    h = {heads(hi[kHalfQ]), heads(hi[kHalfK]), heads(hi[kHalfV]), nullptr, {s, s, s, nullptr}, {0, 1, 2, 0},
+         pd_scale(in.p)};
+    if (split) {
+      const auto& lo = in.qkv_half.lows;
+      h.q_low = heads(lo[kHalfQ]), h.k_low = heads(lo[kHalfK]), h.v_low = heads(lo[kHalfV]);
+      h.dout_low = half_values(g.dout_half.lows[0]);
+    }
+  } else {
+    h = qkv_half_operands(in);
+  }
+  h.dout = half_values(g.dout_half.matrices[0]);
+  h.scalars[kHalfDO] = g.dout_half.scalars.data<float>();
+  return h;
+}
+
+struct BackwardGrid {
+  int64_t key_tiles;
+  int splits;
+};
+
+// The backward's grid: key tiles, and CTAs per key tile (splits), each
+// walking every splits-th query tile (d not empty). A CTA's time is modelled
+// as a fixed part worth about one query tile plus its tiles, and the kernel's
+// as the CTA's time per wave of kCtasPerSm CTAs on every SM: the splits that
+// minimise waves x (1 + tiles per CTA), the fewest on a tie.
+template <class Mma, bool kRead>
+BackwardGrid backward_grid(const AttentionDims& d) {
+  const int64_t key_tiles = (d.S + kBwdKeys - 1) / kBwdKeys, query_tiles = (d.S + kBwdRows - 1) / kBwdRows;
+  const int64_t ctas = key_tiles * d.B * d.H;
+  const int64_t slots = BackwardLayout<Mma, kRead>::kCtasPerSm * int64_t(context().sm_count);
+  const auto cost = [&](int64_t s) { return ((ctas * s + slots - 1) / slots) * (1 + (query_tiles + s - 1) / s); };
+  int64_t best = 1;
+  for (int64_t s = 2; s <= query_tiles; ++s)
+    if (cost(s) < cost(best)) best = s;
+  return {key_tiles, static_cast<int>(best)};
+}
+
+template <class Mma, bool kRead>
+void launch_backward(const AttentionInputs& in, const AttentionGradTensors& g) {
+  using Layout = BackwardLayout<Mma, kRead>;
+  const AttentionDims d = in.d;
+  const bool halves = g.key_halves.values.defined();
+  TG_CHECK(!halves || (Layout::kHalf && !kRead), "fused_attention_backward: fp16 key gradients need fp16 tiles and "
+           "a recomputed P");
+  const auto [key_tiles, grid_splits] = backward_grid<Mma, kRead>(d);
+  const int splits = halves ? 1 : grid_splits;  // fp16 dK and dV are stored by their tile's one CTA
+  TG_CHECK(g.keys_zeroed || splits == 1, "fused_attention_backward: dk and dv are not zeroed, but ", splits,
+           " CTAs per key tile would add to them (writes_key_gradients said they are written)");
+  // The edit-bias scalar sums (dw_in, dw_x wanted): the kernel's fp64 sums, or with kRowSums its row sums.
+  constexpr bool row_sums = kRead && Mma::kHighest;
+  const bool sums = g.dw_in.defined();
+  const TensorOptions f64{DType::Float64, Device::CUDA};
+  const Tensor dw_sums = sums && !row_sums ? zeros({2, d.H}, f64) : Tensor();
+  const Tensor rows = sums && row_sums ? zeros({4, d.B, d.H, d.S}, f64) : Tensor();
+  BackwardArgs args{head_rows<const float>(in.q), head_rows<const float>(in.k), head_rows<const float>(in.v),
+                    data_or_null<float>(g.dout), data_or_null<float>(g.lse), g.delta.data<float>(),
+                    data_or_null<float>(g.probs), data_or_null<float>(g.probs_dropped),
+                    head_rows<float>(g.dq), head_rows<float>(g.dk), head_rows<float>(g.dv),
+                    data_or_null<float>(g.dE), data_or_null<double>(dw_sums),
+                    data_or_null<float>(g.colsum_ds), data_or_null<float>(g.rowsum_pd),
+                    data_or_null<double>(rows), HalfOperands{}, score_args(in), splits,
+                    halves ? key_halves_args(g.key_halves, d) : KeyHalves{}};
+  if constexpr (Layout::kHalf) args.half = half_operands(in, g, kRead, Layout::kSplit);
+  allow_shared_memory<attention_backward_kernel<Mma, kRead>>(Layout::kBytes);
+  const dim3 grid(static_cast<unsigned>(key_tiles * splits), static_cast<unsigned>(d.B * d.H));
+  attention_backward_kernel<Mma, kRead><<<grid, kBwdThreads, Layout::kBytes, stream()>>>(args);
+  check_launch("fused_attention_backward");
+  if (sums) {
+    finish_edit_bias_sums_kernel<<<static_cast<unsigned>(d.H), 256, 0, stream()>>>(
+        args.dw_sums, args.row_sums, in.edit_mask.data<float>(), g.dw_in.data<float>(), g.dw_x.data<float>(),
+        d.B, d.H, d.S);
+    check_launch("fused_attention_backward (edit-bias sums)");
+  }
+}
+
+}  // namespace
+
+}  // namespace tg::cuda
+
+namespace tg::cuda {
+
+// launch_backward with the warpgroup products (core/wgmma.cuh's
+// Fp16Warpgroup), reading P and Pd: "high" in the benchmark interface, on
+// a device of compute capability 9.0 (ops/fused_attention_warpgroup.cu,
+// built for sm_90a).
+void launch_interface_backward_warpgroup(const AttentionInputs& in, const AttentionGradTensors& g);
+
+}  // namespace tg::cuda
