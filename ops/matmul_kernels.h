@@ -45,7 +45,7 @@ void gemm_into(const char* op, const Tensor& a, const Tensor& b, const Tensor& c
 // alpha a normal float, so this holds for max |x| in [2^-49, 2^77]; outside
 // it precision drops gradually below, and above 2^79 the largest elements
 // overflow to Inf.
-// One pass over x, usually: e comes from a sample of 1024 elements
+// One pass over x, usually: e comes from a sample of 128 elements
 // (fp16_sample_index; their max put in [2^8, 2^9)) that each block of the
 // conversion reads, the conversion finds the true max as it goes (a max per
 // block), and a second kernel converts again, with e from the true max (put
@@ -59,7 +59,11 @@ constexpr int kMaxFp16Group = 4;
 // The elements to_fp16's sample reads: k = 0 .. kFp16Samples - 1 of a matrix
 // of n elements, spread by a multiplicative hash (not a stride, which on a
 // matrix whose row length divides n / kFp16Samples would read one column).
-constexpr int kFp16Samples = 1024;
+// Every block of the conversion reads the sample (1024 blocks): a sample of
+// 1024 elements cost ~40 us per layer backward in scattered L2 reads
+// (bench/NOTES.md version 20); 128 keep it near 1 us a conversion, and the
+// kept window still holds a true max up to 32 times the sample's.
+constexpr int kFp16Samples = 128;
 TG_HD int64_t fp16_sample_index(int64_t k, int64_t n) {
   return n > kFp16Samples ? int64_t((uint64_t(k) * 0x9E3779B97F4A7C15ull) % uint64_t(n)) : k;
 }
