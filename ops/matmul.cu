@@ -81,11 +81,10 @@ struct Fp16Batch {
   const float* bias[kMaxFp16Group];  // optional [cols]: x + bias (each row) is converted
   int64_t cols[kMaxFp16Group];
   bool aligned[kMaxFp16Group];  // x (and bias, with cols % 4 == 0) 16-byte aligned: quads load as one vector
-  float* block_max;             // [count][kFp16MaxBlocks]: each conversion block's largest finite |x|
+  unsigned* amax;               // [count]: max |x| as bits (ordered like the values when >= 0)
   float* first_scale;           // [count]: the scale of the first conversion, from a sample
   float* scalars;               // Fp16Group::scalars
   int count;
-  int blocks;                   // the conversion's blocks per matrix (gridDim.x), at most kFp16MaxBlocks
   // Fp16HeadDots of matrix 0 (dot_out null: none): other's elements, out [B, H, S], S.
   const float* dot_other;
   float* dot_out;
@@ -98,31 +97,28 @@ struct Fp16Batch {
 // first conversion used `first`: `first` when it puts amax in [2^8, 2^14)
 // (or the matrix holds no finite nonzero), else the scale that puts it in
 // [2^13, 2^14).
-__device__ __forceinline__ float kept_scale(float amax, float first) {
-  const float scaled = amax * first;
+__device__ __forceinline__ float kept_scale(unsigned amax_bits, float first) {
+  const float amax = __uint_as_float(amax_bits), scaled = amax * first;
   if (amax == 0.f || (scaled >= 0x1p8f && scaled < 0x1p14f)) return first;
   return scale_below(amax, 14);
 }
 
-// The first scale of matrix t, from a sample of kFp16Samples elements spread
-// over it, so that the sample's largest |x| lands in [2^8, 2^9): the whole
-// matrix's largest then stays in the kept window [2^8, 2^14) while it is
-// under 32 times the sample's. Every block of the conversion reads the
-// sample itself (the same elements, whose max is the same in any order), so
-// no kernel of its own runs before the conversion.
-__device__ float sample_scale(const Fp16Batch& batch, int t) {
+// Step 1, one block per matrix: zeroes its max and picks the first scale
+// from a sample of kFp16Samples elements spread over it, so that the
+// sample's largest |x| lands in [2^8, 2^9): the whole matrix's largest then
+// stays in the kept window [2^8, 2^14) while it is under 32 times the sample's.
+static_assert(kFp16Samples <= 1024, "the sample kernel reads one element per thread");
+__global__ void __launch_bounds__(kFp16Samples) sample_scale_kernel(const __grid_constant__ Fp16Batch batch) {
+  const int t = blockIdx.y;
   const int64_t n = batch.n[t];
   float m = 0.f;
   for (int64_t k = threadIdx.x; k < kFp16Samples && k < n; k += blockDim.x)
     m = fmaxf(m, finite_abs(batch.element(t, fp16_sample_index(k, n))));
-  return scale_below(block_max(m), 9);
-}
-
-// The largest finite |x| of matrix t: the largest of its conversion blocks' maxima.
-__device__ float matrix_max(const Fp16Batch& batch, int t) {
-  float m = 0.f;
-  for (int k = threadIdx.x; k < batch.blocks; k += blockDim.x) m = fmaxf(m, batch.block_max[t * kFp16MaxBlocks + k]);
-  return block_max(m);
+  m = block_max(m);
+  if (threadIdx.x == 0) {
+    batch.amax[t] = 0u;
+    batch.first_scale[t] = scale_below(m, 9);
+  }
 }
 
 static_assert(kLowPartFactor == kFp16LowFactor, "the scalars' low alphas undo core/fp16_scale.cuh's split");
@@ -198,39 +194,25 @@ __device__ float convert(const Fp16Batch& batch, int t, float scale) {
   return m;
 }
 
-// Step 1: converts with the first scale (sample_scale), and records each
-// block's largest finite |x| (no zeroed maximum to add to, so no kernel
-// before this one).
+// Step 2: converts with the first scale and finds the true max (a block max,
+// then one atomicMax per block).
 template <bool kLow, bool kDots>
 __global__ void to_fp16_kernel(const __grid_constant__ Fp16Batch batch) {
   const int t = blockIdx.y;
-  const float first = sample_scale(batch, t);
-  const float m = block_max(convert<kLow, kDots>(batch, t, first));
-  if (threadIdx.x == 0) {
-    batch.block_max[t * kFp16MaxBlocks + blockIdx.x] = m;
-    if (blockIdx.x == 0) batch.first_scale[t] = first;
-  }
+  block_max_into(convert<kLow, kDots>(batch, t, batch.first_scale[t]), &batch.amax[t]);
 }
 
-// Step 2: converts again the matrices whose first scale is not kept (none,
-// for data whose sample is representative; every block then returns after
-// reducing the block maxima); block (0, 0) writes the group's scalars
-// (Fp16Group::scalars).
+// Step 3: converts again the matrices whose first scale is not kept (none,
+// for data whose sample is representative; every block then returns at
+// once); block (0, 0) writes the group's scalars (Fp16Group::scalars).
 template <bool kLow>
 __global__ void rescale_fp16_kernel(const __grid_constant__ Fp16Batch batch) {
+  const auto scale = [&](int i) { return kept_scale(batch.amax[i], batch.first_scale[i]); };
   const int t = blockIdx.y;
-  if (blockIdx.x == 0 && t == 0) {
-    __shared__ float amax[kMaxFp16Group];
-    for (int i = 0; i < batch.count; ++i) {
-      const float m = matrix_max(batch, i);
-      if (threadIdx.x == 0) amax[i] = m;
-    }
-    __syncthreads();
-    write_fp16_group_scalars(batch.scalars, batch.count, threadIdx.x,
-                             [&](int i) { return 1.f / kept_scale(amax[i], batch.first_scale[i]); },
-                             [&](int i) { return scale_below(amax[i], 14); });
-  }
-  const float kept = kept_scale(matrix_max(batch, t), batch.first_scale[t]);
+  if (blockIdx.x == 0 && t == 0)
+    write_fp16_group_scalars(batch.scalars, batch.count, threadIdx.x, [&](int i) { return 1.f / scale(i); },
+                             [&](int i) { return scale_below(__uint_as_float(batch.amax[i]), 14); });
+  const float kept = scale(t);
   if (kept != batch.first_scale[t]) convert<kLow>(batch, t, kept);
 }
 
@@ -287,8 +269,8 @@ void GemmKernels<Device::CUDA>::to_fp16(const std::vector<Tensor>& xs, const std
   const int count = static_cast<int>(xs.size());
   Fp16Batch batch{};
   batch.scalars = out.scalars.data<float>();
-  batch.first_scale = batch.scalars + kFp16Scratch;
-  batch.block_max = batch.scalars + kFp16BlockMaxima;
+  batch.amax = reinterpret_cast<unsigned*>(batch.scalars + kFp16Scratch);
+  batch.first_scale = batch.scalars + kFp16Scratch + kMaxFp16Group;
   batch.count = count;
   int64_t largest = 0;
   for (int t = 0; t < count; ++t) {
@@ -303,7 +285,8 @@ void GemmKernels<Device::CUDA>::to_fp16(const std::vector<Tensor>& xs, const std
     largest = std::max(largest, batch.n[t]);
   }
   const int quads = grid_for((largest + 3) / 4);
-  batch.blocks = std::min({quads, 8 * context().sm_count, kFp16MaxBlocks});
+  sample_scale_kernel<<<dim3(1, count), kFp16Samples, 0, stream()>>>(batch);  // one load per thread
+  check_launch("to_fp16 (sample)");
   const bool with_dots = dots.out.defined();
   if (with_dots) {
     batch.dot_other = dots.other.data<float>();
@@ -311,8 +294,9 @@ void GemmKernels<Device::CUDA>::to_fp16(const std::vector<Tensor>& xs, const std
     batch.dot_seq = dots.seq_len;
   }
   const auto launch = [&](auto low) {
-    if (with_dots) to_fp16_kernel<low.value, true><<<dim3(batch.blocks, count), kThreads, 0, stream()>>>(batch);
-    else to_fp16_kernel<low.value, false><<<dim3(batch.blocks, count), kThreads, 0, stream()>>>(batch);
+    const dim3 grid(std::min(quads, 8 * context().sm_count), count);
+    if (with_dots) to_fp16_kernel<low.value, true><<<grid, kThreads, 0, stream()>>>(batch);
+    else to_fp16_kernel<low.value, false><<<grid, kThreads, 0, stream()>>>(batch);
     check_launch("to_fp16");
     rescale_fp16_kernel<low.value><<<dim3(std::min(quads, 2 * context().sm_count), count), kThreads, 0, stream()>>>(batch);
     check_launch("to_fp16 (rescale)");

@@ -45,12 +45,11 @@ void gemm_into(const char* op, const Tensor& a, const Tensor& b, const Tensor& c
 // alpha a normal float, so this holds for max |x| in [2^-49, 2^77]; outside
 // it precision drops gradually below, and above 2^79 the largest elements
 // overflow to Inf.
-// One pass over x, usually: e comes from a sample of 128 elements
-// (fp16_sample_index; their max put in [2^8, 2^9)) that each block of the
-// conversion reads, the conversion finds the true max as it goes (a max per
-// block), and a second kernel converts again, with e from the true max (put
-// in [2^13, 2^14)), only a matrix whose max left the window. A group of up
-// to kMaxFp16Group matrices takes one launch of each kernel; the second also
+// One pass over x, usually: e comes from a sample of 1024 elements
+// (fp16_sample_index; their max put in [2^8, 2^9)), the conversion finds the true max as it goes, and a
+// third kernel converts again, with e from the true max (put in [2^13,
+// 2^14)), only a matrix whose max left the window. A group of up to
+// kMaxFp16Group matrices takes one launch of each kernel; the third also
 // writes the cuBLAS alpha 2^-(e_i + e_j) of every pair. tapegrad has no fp16
 // dtype: the elements are packed two per float32 and are read only by the
 // fp16 GEMMs and the attention kernels (ops/fused_attention.cu), which take
@@ -59,11 +58,7 @@ constexpr int kMaxFp16Group = 4;
 // The elements to_fp16's sample reads: k = 0 .. kFp16Samples - 1 of a matrix
 // of n elements, spread by a multiplicative hash (not a stride, which on a
 // matrix whose row length divides n / kFp16Samples would read one column).
-// Every block of the conversion reads the sample (1024 blocks): a sample of
-// 1024 elements cost ~40 us per layer backward in scattered L2 reads
-// (bench/NOTES.md version 20); 128 keep it near 1 us a conversion, and the
-// kept window still holds a true max up to 32 times the sample's.
-constexpr int kFp16Samples = 128;
+constexpr int kFp16Samples = 1024;
 TG_HD int64_t fp16_sample_index(int64_t k, int64_t n) {
   return n > kFp16Samples ? int64_t((uint64_t(k) * 0x9E3779B97F4A7C15ull) % uint64_t(n)) : k;
 }
@@ -76,20 +71,17 @@ struct Fp16Group {
   // float32: the alpha of pair (i, j) at i kMaxFp16Group + j; 0 (beta) at
   // kFp16Beta; at kFp16BoundScales + i, 2^b_i with max |x_i| 2^b_i in [2^13,
   // 2^14), for bounds on products of the kernel's own (ops/fused_attention.cu);
-  // from kFp16Scratch each matrix's first scale (the sample's); 1 at
+  // from kFp16Scratch the conversion's scratch (two values per matrix); 1 at
   // kFp16One (the beta that accumulates); the pairs' alphas times 2^-11 from
-  // kFp16LowAlphas (a product with a low part); from kFp16BlockMaxima the
-  // conversion's scratch, kFp16MaxBlocks block maxima per matrix
+  // kFp16LowAlphas (a product with a low part)
   Tensor scalars;
   // to_fp16_split only: matrix i's low part, 2^11 (s_i x_i - hi_i) rounded to
   // fp16 (hi_i = matrices[i]), so that s_i x_i = hi_i + 2^-11 lo_i to 22 bits.
   std::vector<Fp16Matrix> lows;
 };
-constexpr int kFp16MaxBlocks = 1024;  // of a conversion, per matrix
 constexpr int kFp16Beta = kMaxFp16Group * kMaxFp16Group, kFp16BoundScales = kFp16Beta + 1,
-              kFp16Scratch = kFp16BoundScales + kMaxFp16Group, kFp16One = kFp16Scratch + kMaxFp16Group,
-              kFp16LowAlphas = kFp16One + 1, kFp16BlockMaxima = kFp16LowAlphas + kMaxFp16Group * kMaxFp16Group,
-              kFp16Scalars = kFp16BlockMaxima + kMaxFp16Group * kFp16MaxBlocks;
+              kFp16Scratch = kFp16BoundScales + kMaxFp16Group, kFp16One = kFp16Scratch + 2 * kMaxFp16Group,
+              kFp16LowAlphas = kFp16One + 1, kFp16Scalars = kFp16LowAlphas + kMaxFp16Group * kMaxFp16Group;
 // A low part's factor: lo = kFp16LowFactor (s x - hi).
 constexpr float kFp16LowFactor = 2048.f;
 // 1 / s_i of matrix i of a group, exactly (alpha(i, i) = 1 / s_i^2, s_i a power of two).

@@ -387,7 +387,7 @@ TEST_CASE("cuda/gemm_fp16: a split group gives fp32's accuracy over a long k, ev
   }
 }
 
-// to_fp16 takes its scale from a sample of kFp16Samples elements and converts once
+// to_fp16 takes its scale from a sample of 1024 elements and converts once
 // more when the true max leaves the window the sample's scale allows: a huge
 // element the sample misses (the first conversion overflows it to Inf), or
 // tiny elements it never sees (fp16 subnormals at the first scale, ~3e-8 off
