@@ -225,14 +225,14 @@ constexpr int kLowOffset = 64;  // from a staged hi value to its lo value, in el
 
 // "high" on Hopper's warpgroup MMA (its products in core/wgmma.cuh, sm_90a
 // alone): the Fp16 policy's operands (fp16, scaled by the kernel), staged
-// as core matrices (core_matrix_offset, below: no padding), and each product
-// of the per-warp interface here computed for the whole warpgroup at once: 64 x 64 x 64, four wgmma
-// instructions, every warp receiving its 16 rows of the result in mma.sync's
-// C fragment. A kernel written for the per-warp products runs with these as
-// it stands, provided it calls them with all four warps of its CTA, each
-// warp's A rows are its own 16 in staged order (a_row(r) = 16 warp + r), and
-// it calls the hooks (operand_tiles_written, products_done) where the
-// asynchrony needs them.
+// as core matrices (core_matrix_offset, below: no padding), and each
+// product of the per-warp interface here computed for the whole warpgroup
+// at once: 64 x 64 x 64, four wgmma instructions, every warp receiving its
+// 16 rows of the result in mma.sync's C fragment. A kernel written for the
+// per-warp products runs with these as it stands, provided it calls them
+// with all four warps of its CTA, each warp's A rows are its own 16 in
+// staged order (a_row(r) = 16 warp + r), and it calls the hooks
+// (operand_tiles_written, products_done) where the asynchrony needs them.
 struct Fp16Warpgroup {
   using Staged = __half;
   static constexpr bool kHighest = false, kWarpgroup = true;

@@ -2,10 +2,12 @@
 // warpgroup (128 threads) compute one 64 x N x 16 product together, the
 // operands read from shared memory through 64-bit descriptors (or A from
 // registers), asynchronously: issue, commit, and wait before the
-// accumulators are read. The building block
-// of the next attention-kernel design (bench/NOTES.md versions 17 and 18);
-// for now checked on its own by `cuda/wgmma` (tests/wgmma_probe.cu) and
-// timed by bench/wgmma_rate.
+// accumulators are read. Checked on its own by `cuda/wgmma`
+// (tests/wgmma_probe.cu), timed by bench/wgmma_rate; the end of this file
+// holds the products of the warpgroup policy (core/mma.cuh's
+// Fp16Warpgroup), which the benchmark interface's "high" backward runs on
+// compute capability 9.0 (ops/fused_attention_warpgroup.cu; bench/NOTES.md
+// version 20).
 //
 // Operands are K-major fp16 tiles of `rows` rows (a multiple of 8) and `cols`
 // halves along K, in one of two layouts (KMajor<Swizzle>):
@@ -199,8 +201,9 @@ constexpr int kTile = 64;
 // The accumulators of a 64 x 64 product as wgmma's operand list (the same registers).
 __device__ __forceinline__ float (&flat(float (&acc)[8][4]))[32] { return reinterpret_cast<float(&)[32]>(acc); }
 
-// The A fragment of k-step s (16 columns) from f times 16 x 64 float values
-// (pair (r, c) of row g or g + 8 at `pair`): mma.sync's m16n8k16 A fragment.
+// The A fragment of k-step s (16 columns) of the warp's 16 x 64 float
+// values, rounded to fp16 (pair(r, k): the lane's pair at column k of row g
+// (r = 0) or g + 8 (r = 1)): mma.sync's m16n8k16 A fragment.
 template <class PairAt>
 __device__ __forceinline__ void a_fragment(uint32_t (&a)[4], int s, const PairAt& pair) {
 #pragma unroll
