@@ -239,7 +239,7 @@ Fp16Group to_fp16_with_head_dots(const Tensor& x, const Fp16HeadDots& dots, bool
   const Shape out_shape{rows / S, C / 64, S};
   TG_CHECK(out.shape() == out_shape && out.dtype() == DType::Float32 && out.is_contiguous() &&
                out.device() == x.device(),
-           op, ": out must be a contiguous float32 [", rows / S, ", ", C / 64, ", ", S, "] on ", x.device(), "; got ",
+           op, ": out must be a contiguous float32 ", out_shape, " on ", x.device(), "; got ",
            dtype_name(out.dtype()), " ", out.shape(), " on ", out.device());
   TG_CHECK(aligned16(x.raw_data()) && aligned16(other.raw_data()), op,
            ": x and other must start on 16-byte boundaries (read as vectors)");

@@ -491,7 +491,7 @@ TEST_CASE("cuda/to_fp16 with column biases equals to_fp16 of x + b" * doctest::s
 // with split), and out[b, h, i] the dot of x and other over head h's 64
 // columns of row b S + i, against float64 sums (out poisoned with NaN
 // first). Shapes: one pass of the grid, and one of several passes whose
-// column step wraps rows (3000 x 1024: 768 K quads for 262 K threads).
+// column step wraps rows (3000 x 1024: 768 K quads for 270 K threads).
 TEST_CASE("cuda/to_fp16_with_head_dots: Delta and the conversion in one pass" * doctest::skip(kNoGpu)) {
   const tg::TensorOptions cuda32{tg::DType::Float32, tg::Device::CUDA};
   for (const auto [B, S, H] : {std::tuple{3, 37, 4}, std::tuple{2, 1500, 16}, std::tuple{1, 1, 1}})

@@ -143,7 +143,7 @@ TEST_CASE("errors/to_fp16_with_head_dots checks its shapes before the device") {
   CHECK(dots(tg::zeros({6, 64}), out, 3) ==
         "to_fp16_with_head_dots: other must be a contiguous float32 [6,128] on cpu like x; got float32 [6,64] on cpu");
   CHECK(dots(x, tg::zeros({2, 3, 2}), 3) ==
-        "to_fp16_with_head_dots: out must be a contiguous float32 [2, 2, 3] on cpu; got float32 [2,3,2] on cpu");
+        "to_fp16_with_head_dots: out must be a contiguous float32 [2,2,3] on cpu; got float32 [2,3,2] on cpu");
   CHECK(dots(x, out, 4) == "to_fp16_with_head_dots: x [6,128] must be [B S, 64 H] for seq_len 4");
   CHECK(contains(error_of([&] { tg::to_fp16_with_head_dots(tg::zeros({6, 96}), {tg::zeros({6, 96}), out, 3}, false); }),
                  "x [6,96] must be [B S, 64 H]"));
