@@ -226,7 +226,7 @@ Fp16Group to_fp16_split(const std::vector<Tensor>& xs) {
 
 Fp16Group to_fp16_with_head_dots(const Tensor& x, const Fp16HeadDots& dots, bool split) {
   const char* op = "to_fp16_with_head_dots";
-  Fp16Group group = allocate_fp16_group(op, {x}, split);
+  check_fp16_matrices(op, {x});  // before its sizes are read; the group is allocated once everything is checked
   const Tensor &other = dots.other, &out = dots.out;
   check_defined(op, "other", other);
   check_defined(op, "out", out);
@@ -243,6 +243,7 @@ Fp16Group to_fp16_with_head_dots(const Tensor& x, const Fp16HeadDots& dots, bool
            dtype_name(out.dtype()), " ", out.shape(), " on ", out.device());
   TG_CHECK(aligned16(x.raw_data()) && aligned16(other.raw_data()), op,
            ": x and other must start on 16-byte boundaries (read as vectors)");
+  Fp16Group group = allocate_fp16_group(op, {x}, split);
   TG_DISPATCH_DEVICE(x, GemmKernels, to_fp16, std::vector<Tensor>{x}, std::vector<Tensor>(1), group, dots);
   return group;
 }

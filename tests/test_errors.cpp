@@ -147,6 +147,8 @@ TEST_CASE("errors/to_fp16_with_head_dots checks its shapes before the device") {
   CHECK(dots(x, out, 4) == "to_fp16_with_head_dots: x [6,128] must be [B S, 64 H] for seq_len 4");
   CHECK(contains(error_of([&] { tg::to_fp16_with_head_dots(tg::zeros({6, 96}), {tg::zeros({6, 96}), out, 3}, false); }),
                  "x [6,96] must be [B S, 64 H]"));
+  CHECK(contains(error_of([&] { tg::to_fp16_with_head_dots(tg::zeros({768}), {tg::zeros({768}), out, 3}, false); }),
+                 "to_fp16_with_head_dots: matrix 0 must be contiguous, 2-D, float32"));
   CHECK(contains(dots(x, out, 3), "exist on CUDA only"));
 }
 
