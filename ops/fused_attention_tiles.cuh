@@ -82,14 +82,28 @@ ScoreArgs score_args(const AttentionInputs& in) {
 }
 
 // The 16-byte chunks of a [row][d] tile of T that this thread copies: the
-// elements col .. col + 16 / sizeof(T) - 1 of rows first_row(), first_row() +
-// kRowStep, ...
-template <int kThreads, class T>
+// elements col() .. col() + 16 / sizeof(T) - 1 of rows first_row(),
+// first_row() + kRowStep, ... A warp's 32 chunks cover kRows consecutive
+// rows: whole rows (kWarpRows 0), or kWarpRows rows of part of each. A
+// placement that puts all of a row's chunks in one bank group
+// (CoreMatrixRows) wants 8 rows of 4 chunks: their 8 bank groups (row % 8)
+// take the warp's copies in the fewest shared-memory wavefronts.
+template <int kThreads, class T, int kWarpRows>
 struct HeadChunks {
-  static constexpr int kPerChunk = 16 / sizeof(T), kPerRow = kD / kPerChunk, kRowStep = kThreads / kPerRow;
-  static_assert(kThreads % kPerRow == 0, "a thread keeps one column");
-  static __device__ int first_row() { return threadIdx.x / kPerRow; }
-  static __device__ int col() { return kPerChunk * (threadIdx.x % kPerRow); }
+  static constexpr int kPerChunk = 16 / sizeof(T), kPerRow = kD / kPerChunk, kWarps = kThreads / 32;
+  static constexpr int kRows = kWarpRows ? kWarpRows : 32 / kPerRow;
+  static constexpr int kRowLanes = 32 / kRows, kColumnGroups = kPerRow / kRowLanes;  // a warp's lanes per row
+  static constexpr int kRowStep = kRows * kWarps / kColumnGroups;
+  static_assert(kThreads % 32 == 0 && kPerRow % kRowLanes == 0 && kWarps % kColumnGroups == 0,
+                "the warps cover whole rows, each the same number of them");
+  static __device__ int first_row() {
+    if constexpr (kColumnGroups == 1) return threadIdx.x / kRowLanes;
+    else return kRows * (threadIdx.x / 32 / kColumnGroups) + threadIdx.x % 32 / kRowLanes;
+  }
+  static __device__ int col() {
+    if constexpr (kColumnGroups == 1) return kPerChunk * (threadIdx.x % kRowLanes);
+    else return kPerChunk * (kRowLanes * (threadIdx.x / 32 % kColumnGroups) + threadIdx.x % kRowLanes);
+  }
 };
 
 // Where row r of a tile lands in shared memory: row r, or (FragmentOrder, for
@@ -110,12 +124,14 @@ struct FragmentOrder {
 // stay contiguous).
 template <class RowMap>
 struct RowsAt {
+  static constexpr int kWarpRows = 0;  // a warp copies whole rows
   int stride;
   RowMap row_of;
   __device__ int operator()(int r, int col) const { return row_of(r) * stride + col; }
 };
 template <class RowMap>
 struct CoreMatrixRows {
+  static constexpr int kWarpRows = 8;  // a row's 16-byte chunks share a bank group: a warp copies 8 rows at a time
   RowMap row_of;
   __device__ int operator()(int r, int col) const { return mma::core_matrix_offset(row_of(r), col, kD); }
 };
@@ -125,7 +141,7 @@ struct CoreMatrixRows {
 template <int kThreads, class T, class Place>
 __device__ void copy_head_rows(const HeadRows<const T>& x, int64_t b, int64_t h, int64_t row0, int n, int64_t S,
                                T* dst, const Place& at) {
-  using Chunks = HeadChunks<kThreads, T>;
+  using Chunks = HeadChunks<kThreads, T, Place::kWarpRows>;
   const int col = Chunks::col();
   const T* from = x.row(b, h, row0 + Chunks::first_row()) + col;
   if (row0 + n <= S) {  // every row exists: no per-row test (the common case, and most of the copies' instructions)
