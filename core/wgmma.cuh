@@ -25,8 +25,11 @@
 //   stride byte offset 1024 (the next atom), leading byte offset unused (set
 //   to one unit); product s starts at block s / 4, 32 (s % 4) bytes into the
 //   row. The plain layout's core matrices are already conflict-free (128
-//   contiguous bytes); the swizzle keeps each row's 128 bytes together (as a
-//   row copy or TMA writes them) without conflicts either.
+//   contiguous bytes), but all of a row's 16-byte chunks share a bank group
+//   (row % 8), so a warp's copies cover 8 rows at a time
+//   (ops/fused_attention_tiles.cuh's HeadChunks); the swizzle keeps each
+//   row's 128 bytes together (as a row copy or TMA writes them) without
+//   conflicts either.
 //
 // Accumulators of a 64 x N product (f32), for thread l of warp w of the
 // warpgroup, g = l / 4, t = l % 4, j < N / 8: d[4j] (16w + g, 8j + 2t),
