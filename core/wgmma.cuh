@@ -27,9 +27,9 @@
 //   row. The plain layout's core matrices are already conflict-free (128
 //   contiguous bytes), but all of a row's 16-byte chunks share a bank group
 //   (row % 8), so a warp's copies cover 8 rows at a time
-//   (ops/fused_attention_tiles.cuh's HeadChunks); the swizzle keeps each
-//   row's 128 bytes together (as a row copy or TMA writes them) without
-//   conflicts either.
+//   (ops/fused_attention_tiles.cuh's HeadChunks: all 8 groups for rows in
+//   order); the swizzle keeps each row's 128 bytes together (as a row copy
+//   or TMA writes them) without conflicts either.
 //
 // Accumulators of a 64 x N product (f32), for thread l of warp w of the
 // warpgroup, g = l / 4, t = l % 4, j < N / 8: d[4j] (16w + g, 8j + 2t),

@@ -86,16 +86,21 @@ ScoreArgs score_args(const AttentionInputs& in) {
 // first_row() + kRowStep, ... A warp's 32 chunks cover kRows consecutive
 // rows: whole rows (kWarpRows 0), or kWarpRows rows of part of each. A
 // placement that puts all of a row's chunks in one bank group
-// (CoreMatrixRows) wants 8 rows of 4 chunks: their 8 bank groups (row % 8)
-// take the warp's copies in the fewest shared-memory wavefronts.
+// (CoreMatrixRows) wants 8 rows of 4 chunks: rows placed in order (SameRow)
+// then fall in all 8 bank groups (row % 8), the fewest shared-memory
+// wavefronts; V's FragmentOrder pairs them (rows 0, 8, 1, 9, ...: 4 groups,
+// twice the wavefronts, half as many as whole rows take; V is copied once
+// per CTA).
 template <int kThreads, class T, int kWarpRows>
 struct HeadChunks {
   static constexpr int kPerChunk = 16 / sizeof(T), kPerRow = kD / kPerChunk, kWarps = kThreads / 32;
   static constexpr int kRows = kWarpRows ? kWarpRows : 32 / kPerRow;
-  static constexpr int kRowLanes = 32 / kRows, kColumnGroups = kPerRow / kRowLanes;  // a warp's lanes per row
+  static constexpr int kRowLanes = 32 / kRows;  // a warp's lanes per row
+  static constexpr int kColumnGroups = kPerRow / kRowLanes;  // warps that share rows, each its own chunks of them
   static constexpr int kRowStep = kRows * kWarps / kColumnGroups;
-  static_assert(kThreads % 32 == 0 && kPerRow % kRowLanes == 0 && kWarps % kColumnGroups == 0,
-                "the warps cover whole rows, each the same number of them");
+  static_assert(kThreads % 32 == 0 && kRows * kRowLanes == 32 && kPerRow % kRowLanes == 0 &&
+                    kWarps % kColumnGroups == 0,
+                "each group of kColumnGroups warps covers whole rows, every thread the same number of them");
   static __device__ int first_row() {
     if constexpr (kColumnGroups == 1) return threadIdx.x / kRowLanes;
     else return kRows * (threadIdx.x / 32 / kColumnGroups) + threadIdx.x % 32 / kRowLanes;
@@ -131,7 +136,7 @@ struct RowsAt {
 };
 template <class RowMap>
 struct CoreMatrixRows {
-  static constexpr int kWarpRows = 8;  // a row's 16-byte chunks share a bank group: a warp copies 8 rows at a time
+  static constexpr int kWarpRows = 8;  // a row's 16-byte chunks share a bank group (row % 8): a warp copies 8 rows
   RowMap row_of;
   __device__ int operator()(int r, int col) const { return mma::core_matrix_offset(row_of(r), col, kD); }
 };
