@@ -101,13 +101,27 @@ struct HeadChunks {
   static_assert(kThreads % 32 == 0 && kRows * kRowLanes == 32 && kPerRow % kRowLanes == 0 &&
                     kWarps % kColumnGroups == 0,
                 "each group of kColumnGroups warps covers whole rows, every thread the same number of them");
-  static __device__ int first_row() {
-    if constexpr (kColumnGroups == 1) return threadIdx.x / kRowLanes;
-    else return kRows * (threadIdx.x / 32 / kColumnGroups) + threadIdx.x % 32 / kRowLanes;
+  static constexpr int first_row_of(unsigned tid) {
+    if constexpr (kColumnGroups == 1) return tid / kRowLanes;
+    else return kRows * (tid / 32 / kColumnGroups) + tid % 32 / kRowLanes;
   }
-  static __device__ int col() {
-    if constexpr (kColumnGroups == 1) return kPerChunk * (threadIdx.x % kRowLanes);
-    else return kPerChunk * (kRowLanes * (threadIdx.x / 32 % kColumnGroups) + threadIdx.x % kRowLanes);
+  static constexpr int col_of(unsigned tid) {
+    if constexpr (kColumnGroups == 1) return kPerChunk * (tid % kRowLanes);
+    else return kPerChunk * (kRowLanes * (tid / 32 % kColumnGroups) + tid % kRowLanes);
+  }
+  static __device__ int first_row() { return first_row_of(threadIdx.x); }
+  static __device__ int col() { return col_of(threadIdx.x); }
+  // Every chunk of kRowStep rows is one thread's (so every row of a tile, walked kRowStep at a time).
+  static constexpr bool covers_each_chunk_once() {
+    int copies[kRowStep * kPerRow] = {};
+    for (unsigned tid = 0; tid < kThreads; ++tid) {
+      const int r = first_row_of(tid), c = col_of(tid);
+      if (r < 0 || r >= kRowStep || c % kPerChunk != 0 || c < 0 || c >= kD) return false;
+      ++copies[r * kPerRow + c / kPerChunk];
+    }
+    for (const int n : copies)
+      if (n != 1) return false;
+    return true;
   }
 };
 
@@ -147,6 +161,7 @@ template <int kThreads, class T, class Place>
 __device__ void copy_head_rows(const HeadRows<const T>& x, int64_t b, int64_t h, int64_t row0, int n, int64_t S,
                                T* dst, const Place& at) {
   using Chunks = HeadChunks<kThreads, T, Place::kWarpRows>;
+  static_assert(Chunks::covers_each_chunk_once(), "the threads copy every chunk of kRowStep rows exactly once");
   const int col = Chunks::col();
   const T* from = x.row(b, h, row0 + Chunks::first_row()) + col;
   if (row0 + n <= S) {  // every row exists: no per-row test (the common case, and most of the copies' instructions)
