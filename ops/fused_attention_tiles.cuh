@@ -101,6 +101,7 @@ struct HeadChunks {
   static_assert(kThreads % 32 == 0 && kRows * kRowLanes == 32 && kPerRow % kRowLanes == 0 &&
                     kWarps % kColumnGroups == 0,
                 "each group of kColumnGroups warps covers whole rows, every thread the same number of them");
+  // (With one column group the map is the division it reduces to, as the kernels had it before.)
   static constexpr int first_row_of(unsigned tid) {
     if constexpr (kColumnGroups == 1) return tid / kRowLanes;
     else return kRows * (tid / 32 / kColumnGroups) + tid % 32 / kRowLanes;

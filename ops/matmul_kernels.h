@@ -45,12 +45,13 @@ void gemm_into(const char* op, const Tensor& a, const Tensor& b, const Tensor& c
 // alpha a normal float, so this holds for max |x| in [2^-49, 2^77]; outside
 // it precision drops gradually below, and above 2^79 the largest elements
 // overflow to Inf.
-// One pass over x, usually: e comes from a sample of 1024 elements
-// (fp16_sample_index; their max put in [2^8, 2^9)), the conversion finds the true max as it goes, and a
-// third kernel converts again, with e from the true max (put in [2^13,
-// 2^14)), only a matrix whose max left the window. A group of up to
-// kMaxFp16Group matrices takes one launch of each kernel; the third also
-// writes the cuBLAS alpha 2^-(e_i + e_j) of every pair. tapegrad has no fp16
+// One pass over x, usually, in three kernels: a one-block kernel takes e
+// from a sample of 1024 elements (fp16_sample_index; their max put in
+// [2^8, 2^9)), the conversion finds the true max as it goes, and a third
+// kernel converts again, with e from the true max (put in [2^13, 2^14)),
+// only a matrix whose max left the window. A group of up to kMaxFp16Group
+// matrices takes one launch of each kernel; the third also writes the
+// cuBLAS alpha 2^-(e_i + e_j) of every pair. tapegrad has no fp16
 // dtype: the elements are packed two per float32 and are read only by the
 // fp16 GEMMs and the attention kernels (ops/fused_attention.cu), which take
 // their scales from the scalars.
