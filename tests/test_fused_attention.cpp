@@ -2,6 +2,8 @@
 // with an online softmax, P recomputed from the log-sum-exp, Delta from do . o,
 // the Philox mask regenerated) against the decomposed graph in float64, and
 // the benchmark interface's backward (P read, the careful qkv bias) likewise.
+#include <random>
+
 #include "helpers.h"
 #include "ops/fused_attention_kernels.h"
 
@@ -74,6 +76,34 @@ TEST_CASE("fused/cpu float64: the fused algorithm equals the decomposed graph") 
   SUBCASE("S = 1 and S = 2") {
     check_fused_matches_decomposed(make_layer(3, 1, 8, 2, 4, mask64({1, 0, 1}, 3, 1), mask64({1, 1, 1}, 3, 1)), 0.1);
     check_fused_matches_decomposed(make_layer(1, 2, 8, 1, 2, mask64({1, 0}, 1, 2), mask64({0, 1}, 1, 2)), 0.1);
+  }
+}
+
+// Shapes, masks and dropout rates drawn at random (one fixed seed, so that a
+// failure reproduces): B 1-3, S 1-45 or, every fourth draw, 60-70 (around
+// the key block of 64), heads 1-3 of head dim 2-9, M from S to S + 4, key
+// masks at a random rate with every other draw's last batch fully masked,
+// edit masks at a random rate, p 0 (every third draw) or random up to 0.6.
+TEST_CASE("fused/cpu float64: random shapes, masks and dropout rates equal the decomposed graph") {
+  std::mt19937 gen(2026);
+  const auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(gen); };
+  const auto rate = [&] { return std::uniform_real_distribution<double>(0.0, 0.6)(gen); };
+  for (int draw = 0; draw < 12; ++draw) {
+    const int64_t B = uniform(1, 3), S = draw % 4 == 3 ? uniform(60, 70) : uniform(1, 45), H = uniform(1, 3),
+                  D = uniform(2, 9), M = S + uniform(0, 4);
+    const double p = draw % 3 == 0 ? 0.0 : rate();
+    CAPTURE(draw);
+    CAPTURE(B);
+    CAPTURE(S);
+    CAPTURE(H);
+    CAPTURE(D);
+    CAPTURE(p);
+    tg::manual_seed(uint64_t(100 + draw));
+    const tg::TensorOptions f64{tg::DType::Float64};
+    tg::Tensor a = tg::dropout_mask({B, S}, rate(), {uint64_t(draw), 1}, f64);
+    if (draw % 2 == 1) a.narrow(0, B - 1, 1).fill_(0.0);  // the last batch: every key masked
+    const tg::Tensor e = tg::dropout_mask({B, S}, rate(), {uint64_t(draw), 2}, f64);
+    check_fused_matches_decomposed(make_layer(B, S, H * D, H, M, e, a), p);
   }
 }
 
