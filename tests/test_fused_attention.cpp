@@ -107,51 +107,85 @@ TEST_CASE("fused/cpu float64: random shapes, masks and dropout rates equal the d
   }
 }
 
+namespace {
+
+// The benchmark interface's backward from the saved tensors of a decomposed
+// forward (dropout keep-mask m, rate p), against the graph's own backward,
+// every output poisoned with NaN first (every element must be written).
+void check_interface_matches_graph(const Layer& L, int64_t H, const tg::Tensor& m, double p) {
+  const int64_t B = L.x.size(0), S = L.x.size(1), C = L.x.size(2), D = C / H, M = L.params.edit_region_bias.size(1);
+  const tg::TensorOptions f64{tg::DType::Float64};
+  tg::Tensor x = L.x.detach().clone().requires_grad_();
+  const tg::RegionAttentionParams& P = L.params;
+  const tg::Tensor qkv = tg::linear(x, P.qkv_weight, P.qkv_bias).view({B, S, 3, H, D}).permute({2, 0, 3, 1, 4});
+  const tg::Tensor q = qkv.narrow(0, 0, 1).squeeze(0).contiguous(), k = qkv.narrow(0, 1, 1).squeeze(0).contiguous(),
+                   v = qkv.narrow(0, 2, 1).squeeze(0).contiguous();
+  tg::Tensor s = tg::mul(tg::matmul(q, k.transpose(-1, -2)), 1 / std::sqrt(double(D)));
+  s = tg::add(s, tg::edit_bias(P.edit_region_bias, P.within_edit_bias, P.cross_edit_bias, L.e));
+  s = tg::masked_fill(s, tg::add(tg::neg(L.a), 1.0).view({B, 1, 1, S}), -INFINITY);
+  const tg::Tensor probs = tg::softmax(s), dropped = tg::dropout(probs, {p, std::nullopt, m});
+  const tg::Tensor o = tg::matmul(dropped, v).permute({0, 2, 1, 3}).reshape({B, S, C});
+  const tg::Tensor y = tg::linear(o, P.out_weight, P.out_bias);
+  const tg::Tensor dy = tg::randn({B, S, C}, f64);
+  y.backward(dy);
+  tg::NoGradGuard no_grad;
+  const tg::fused::BackwardInputs in{dy, x.detach(), L.e, P.qkv_weight.detach(), P.qkv_bias.detach(),
+                                     P.out_weight.detach(), P.out_bias.detach(), P.edit_region_bias.detach(),
+                                     P.within_edit_bias.detach(), P.cross_edit_bias.detach(), L.a, q.detach(),
+                                     k.detach(), v.detach(), s.detach(), probs.detach(), dropped.detach(),
+                                     o.detach(), m};
+  const auto poisoned = [&](const tg::Shape& shape) { return tg::full(shape, std::nan(""), f64); };
+  const tg::fused::Gradients g{poisoned({B, S, C}), poisoned({3 * C, C}), poisoned({3 * C}), poisoned({C, C}),
+                               poisoned({C}),       poisoned({H, M, M}),  poisoned({H, 1, 1}), poisoned({H, 1, 1})};
+  tg::fused::region_attention_backward_into(in, 1 / std::sqrt(double(D)), p, tg::MatmulPrecision::Default, g);
+  CHECK(max_abs_diff(g.hidden_states, x.grad()) < 1e-10);
+  CHECK(max_abs_diff(g.qkv_weight, P.qkv_weight.grad()) < 1e-10);
+  CHECK(max_abs_diff(g.qkv_bias, P.qkv_bias.grad()) < 1e-10);
+  CHECK(max_abs_diff(g.out_weight, P.out_weight.grad()) < 1e-10);
+  CHECK(max_abs_diff(g.out_bias, P.out_bias.grad()) < 1e-10);
+  CHECK(max_abs_diff(g.edit_region_bias, P.edit_region_bias.grad()) < 1e-10);
+  CHECK(max_abs_diff(g.within_edit_bias, P.within_edit_bias.grad()) < 1e-10);
+  CHECK(max_abs_diff(g.cross_edit_bias, P.cross_edit_bias.grad()) < 1e-10);
+}
+
+}  // namespace
+
+// The bias sums' chunks of 16 rows: one chunk in all (1, 11), one per batch
+// (2, 11), whole and partial ones within each batch (3, 37); no rows (0, 5).
 TEST_CASE("fused/cpu float64: the benchmark interface backward equals the decomposed graph's") {
-  // The bias sums' chunks of 16 rows: one chunk in all (1, 11), one per batch
-  // (2, 11), whole and partial ones within each batch (3, 37); no rows (0, 5).
-  // Outputs poisoned with NaN first: every element must be written.
   for (const auto& [B, S] : {std::pair<int64_t, int64_t>{1, 11}, {2, 11}, {3, 37}, {0, 5}}) {
     CAPTURE(S);
     tg::manual_seed(32);
-    const int64_t C = 16, H = 2, M = S + 2, D = C / H;
-    const double p = 0.1;
+    const int64_t C = 16, H = 2;
     const tg::TensorOptions f64{tg::DType::Float64};
-    Layer L = make_layer(B, S, C, H, M, tg::dropout_mask({B, S}, 0.5, {8, 1}, f64),
-                         tg::dropout_mask({B, S}, 0.1, {8, 2}, f64));
-    const tg::Tensor m = tg::dropout_mask({B, H, S, S}, p, {9, 9}, f64);
-    // The decomposed forward, keeping the tensors the interface reads.
-    tg::Tensor x = L.x.detach().clone().requires_grad_();
-    const tg::RegionAttentionParams& P = L.params;
-    const tg::Tensor qkv = tg::linear(x, P.qkv_weight, P.qkv_bias).view({B, S, 3, H, D}).permute({2, 0, 3, 1, 4});
-    const tg::Tensor q = qkv.narrow(0, 0, 1).squeeze(0).contiguous(), k = qkv.narrow(0, 1, 1).squeeze(0).contiguous(),
-                     v = qkv.narrow(0, 2, 1).squeeze(0).contiguous();
-    tg::Tensor s = tg::mul(tg::matmul(q, k.transpose(-1, -2)), 1 / std::sqrt(double(D)));
-    s = tg::add(s, tg::edit_bias(P.edit_region_bias, P.within_edit_bias, P.cross_edit_bias, L.e));
-    s = tg::masked_fill(s, tg::add(tg::neg(L.a), 1.0).view({B, 1, 1, S}), -INFINITY);
-    const tg::Tensor probs = tg::softmax(s), dropped = tg::dropout(probs, {p, std::nullopt, m});
-    const tg::Tensor o = tg::matmul(dropped, v).permute({0, 2, 1, 3}).reshape({B, S, C});
-    const tg::Tensor y = tg::linear(o, P.out_weight, P.out_bias);
-    const tg::Tensor dy = tg::randn({B, S, C}, f64);
-    y.backward(dy);
-    tg::NoGradGuard no_grad;
-    const tg::fused::BackwardInputs in{dy, x.detach(), L.e, P.qkv_weight.detach(), P.qkv_bias.detach(),
-                                       P.out_weight.detach(), P.out_bias.detach(), P.edit_region_bias.detach(),
-                                       P.within_edit_bias.detach(), P.cross_edit_bias.detach(), L.a, q.detach(),
-                                       k.detach(), v.detach(), s.detach(), probs.detach(), dropped.detach(),
-                                       o.detach(), m};
-    const auto poisoned = [&](const tg::Shape& shape) { return tg::full(shape, std::nan(""), f64); };
-    const tg::fused::Gradients g{poisoned({B, S, C}), poisoned({3 * C, C}), poisoned({3 * C}), poisoned({C, C}),
-                                 poisoned({C}),       poisoned({H, M, M}),  poisoned({H, 1, 1}), poisoned({H, 1, 1})};
-    tg::fused::region_attention_backward_into(in, 1 / std::sqrt(double(D)), p, tg::MatmulPrecision::Default, g);
-    CHECK(max_abs_diff(g.hidden_states, x.grad()) < 1e-10);
-    CHECK(max_abs_diff(g.qkv_weight, P.qkv_weight.grad()) < 1e-10);
-    CHECK(max_abs_diff(g.qkv_bias, P.qkv_bias.grad()) < 1e-10);
-    CHECK(max_abs_diff(g.out_weight, P.out_weight.grad()) < 1e-10);
-    CHECK(max_abs_diff(g.out_bias, P.out_bias.grad()) < 1e-10);
-    CHECK(max_abs_diff(g.edit_region_bias, P.edit_region_bias.grad()) < 1e-10);
-    CHECK(max_abs_diff(g.within_edit_bias, P.within_edit_bias.grad()) < 1e-10);
-    CHECK(max_abs_diff(g.cross_edit_bias, P.cross_edit_bias.grad()) < 1e-10);
+    const Layer L = make_layer(B, S, C, H, S + 2, tg::dropout_mask({B, S}, 0.5, {8, 1}, f64),
+                               tg::dropout_mask({B, S}, 0.1, {8, 2}, f64));
+    check_interface_matches_graph(L, H, tg::dropout_mask({B, H, S, S}, 0.1, {9, 9}, f64), 0.1);
+  }
+}
+
+// The same with shapes, masks and rates drawn at random (one fixed seed): B
+// 1-4, S 1-40, heads 1-3 of head dim 2-8, M from S to S + 4, every other
+// draw's first batch fully masked, p 0 (every third draw) or up to 0.6.
+TEST_CASE("fused/cpu float64: the benchmark interface at random shapes, masks and rates") {
+  std::mt19937 gen(2027);
+  const auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(gen); };
+  const auto rate = [&] { return std::uniform_real_distribution<double>(0.0, 0.6)(gen); };
+  for (int draw = 0; draw < 10; ++draw) {
+    const int64_t B = uniform(1, 4), S = uniform(1, 40), H = uniform(1, 3), D = uniform(2, 8), M = S + uniform(0, 4);
+    const double p = draw % 3 == 0 ? 0.0 : rate();
+    CAPTURE(draw);
+    CAPTURE(B);
+    CAPTURE(S);
+    CAPTURE(H);
+    CAPTURE(D);
+    CAPTURE(p);
+    tg::manual_seed(uint64_t(200 + draw));
+    const tg::TensorOptions f64{tg::DType::Float64};
+    tg::Tensor a = tg::dropout_mask({B, S}, rate(), {uint64_t(draw), 3}, f64);
+    if (draw % 2 == 1) a.narrow(0, 0, 1).fill_(0.0);
+    const Layer L = make_layer(B, S, H * D, H, M, tg::dropout_mask({B, S}, rate(), {uint64_t(draw), 4}, f64), a);
+    check_interface_matches_graph(L, H, tg::dropout_mask({B, H, S, S}, p, {uint64_t(draw), 5}, f64), p);
   }
 }
 
