@@ -2,6 +2,7 @@
 // with an online softmax, P recomputed from the log-sum-exp, Delta from do . o,
 // the Philox mask regenerated) against the decomposed graph in float64, and
 // the benchmark interface's backward (P read, the careful qkv bias) likewise.
+#include <ostream>
 #include <random>
 
 #include "helpers.h"
@@ -79,31 +80,48 @@ TEST_CASE("fused/cpu float64: the fused algorithm equals the decomposed graph") 
   }
 }
 
-// Shapes, masks and dropout rates drawn at random (one fixed seed, so that a
-// failure reproduces): B 1-3, S 1-45 or, every fourth draw, 60-70 (around
-// the key block of 64), heads 1-3 of head dim 2-9, M from S to S + 4, key
-// masks at a random rate with every other draw's last batch fully masked,
-// edit masks at a random rate, p 0 (every third draw) or random up to 0.6.
+namespace {
+
+// A problem drawn at random for the sweeps below (one fixed generator, so
+// that a failure reproduces): B 1-max_B, S from the given range, heads 1-3
+// of head dim 2-max_D, M from S to S + 4, p 0 (every third draw) or up to
+// 0.6, key and edit masks at random rates, and every other draw one batch's
+// keys all masked.
+struct RandomProblem {
+  int64_t B, S, H, D, M;
+  double p;
+  Layer layer;
+};
+
+RandomProblem draw_problem(std::mt19937& gen, int draw, int64_t max_B, int64_t min_S, int64_t max_S, int64_t max_D) {
+  const auto uniform = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(gen); };
+  const auto rate = [&] { return std::uniform_real_distribution<double>(0.0, 0.6)(gen); };
+  const int64_t B = uniform(1, max_B), S = uniform(min_S, max_S), H = uniform(1, 3), D = uniform(2, max_D);
+  const int64_t M = S + uniform(0, 4);
+  const double p = draw % 3 == 0 ? 0.0 : rate();
+  const tg::TensorOptions f64{tg::DType::Float64};
+  tg::Tensor a = tg::dropout_mask({B, S}, rate(), {gen(), 1}, f64);
+  if (draw % 2 == 1) a.narrow(0, draw % B, 1).fill_(0.0);
+  const tg::Tensor e = tg::dropout_mask({B, S}, rate(), {gen(), 2}, f64);
+  tg::manual_seed(gen());
+  return {B, S, H, D, M, p, make_layer(B, S, H * D, H, M, e, a)};
+}
+
+std::ostream& operator<<(std::ostream& os, const RandomProblem& r) {
+  return os << "B " << r.B << " S " << r.S << " H " << r.H << " D " << r.D << " M " << r.M << " p " << r.p;
+}
+
+}  // namespace
+
+// The fused op at random problems: S 1-45 or, every fourth draw, 60-70
+// (around the key block of 64).
 TEST_CASE("fused/cpu float64: random shapes, masks and dropout rates equal the decomposed graph") {
   std::mt19937 gen(2026);
-  const auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(gen); };
-  const auto rate = [&] { return std::uniform_real_distribution<double>(0.0, 0.6)(gen); };
   for (int draw = 0; draw < 12; ++draw) {
-    const int64_t B = uniform(1, 3), S = draw % 4 == 3 ? uniform(60, 70) : uniform(1, 45), H = uniform(1, 3),
-                  D = uniform(2, 9), M = S + uniform(0, 4);
-    const double p = draw % 3 == 0 ? 0.0 : rate();
-    CAPTURE(draw);
-    CAPTURE(B);
-    CAPTURE(S);
-    CAPTURE(H);
-    CAPTURE(D);
-    CAPTURE(p);
-    tg::manual_seed(uint64_t(100 + draw));
-    const tg::TensorOptions f64{tg::DType::Float64};
-    tg::Tensor a = tg::dropout_mask({B, S}, rate(), {uint64_t(draw), 1}, f64);
-    if (draw % 2 == 1) a.narrow(0, B - 1, 1).fill_(0.0);  // the last batch: every key masked
-    const tg::Tensor e = tg::dropout_mask({B, S}, rate(), {uint64_t(draw), 2}, f64);
-    check_fused_matches_decomposed(make_layer(B, S, H * D, H, M, e, a), p);
+    const bool long_rows = draw % 4 == 3;
+    const RandomProblem r = draw_problem(gen, draw, 3, long_rows ? 60 : 1, long_rows ? 70 : 45, 9);
+    INFO("draw " << draw << ": " << r);
+    check_fused_matches_decomposed(r.layer, r.p);
   }
 }
 
@@ -164,28 +182,14 @@ TEST_CASE("fused/cpu float64: the benchmark interface backward equals the decomp
   }
 }
 
-// The same with shapes, masks and rates drawn at random (one fixed seed): B
-// 1-4, S 1-40, heads 1-3 of head dim 2-8, M from S to S + 4, every other
-// draw's first batch fully masked, p 0 (every third draw) or up to 0.6.
+// The same at random problems (draw_problem): S 1-40.
 TEST_CASE("fused/cpu float64: the benchmark interface at random shapes, masks and rates") {
   std::mt19937 gen(2027);
-  const auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(gen); };
-  const auto rate = [&] { return std::uniform_real_distribution<double>(0.0, 0.6)(gen); };
   for (int draw = 0; draw < 10; ++draw) {
-    const int64_t B = uniform(1, 4), S = uniform(1, 40), H = uniform(1, 3), D = uniform(2, 8), M = S + uniform(0, 4);
-    const double p = draw % 3 == 0 ? 0.0 : rate();
-    CAPTURE(draw);
-    CAPTURE(B);
-    CAPTURE(S);
-    CAPTURE(H);
-    CAPTURE(D);
-    CAPTURE(p);
-    tg::manual_seed(uint64_t(200 + draw));
-    const tg::TensorOptions f64{tg::DType::Float64};
-    tg::Tensor a = tg::dropout_mask({B, S}, rate(), {uint64_t(draw), 3}, f64);
-    if (draw % 2 == 1) a.narrow(0, 0, 1).fill_(0.0);
-    const Layer L = make_layer(B, S, H * D, H, M, tg::dropout_mask({B, S}, rate(), {uint64_t(draw), 4}, f64), a);
-    check_interface_matches_graph(L, H, tg::dropout_mask({B, H, S, S}, p, {uint64_t(draw), 5}, f64), p);
+    const RandomProblem r = draw_problem(gen, draw, 4, 1, 40, 8);
+    INFO("draw " << draw << ": " << r);
+    const tg::Tensor m = tg::dropout_mask({r.B, r.H, r.S, r.S}, r.p, {gen(), 3}, {tg::DType::Float64});
+    check_interface_matches_graph(r.layer, r.H, m, r.p);
   }
 }
 
