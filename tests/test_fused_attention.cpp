@@ -1,7 +1,8 @@
 // fused/ on the CPU: the algorithm the fused kernels implement (key blocks
 // with an online softmax, P recomputed from the log-sum-exp, Delta from do . o,
 // the Philox mask regenerated) against the decomposed graph in float64, and
-// the benchmark interface's backward (P read, the careful qkv bias) likewise.
+// the benchmark interface's backward (P read, the careful qkv bias) likewise,
+// each at chosen edge cases and at problems drawn at random.
 #include <ostream>
 #include <random>
 
