@@ -80,7 +80,7 @@ int main(int argc, char** argv) {
   app.add_flag("--high-only", high_only, "time fused \"high\" alone (for profiling)");
   bool mma_sync = false;
   app.add_flag("--mma-sync", mma_sync,
-               "\"high\" on the mma.sync backward kernel where the warpgroup-MMA one would run (compute capability 9.0)");
+               "the mma.sync backward kernels where the warpgroup-MMA ones would run (compute capability 9.0)");
   CLI11_PARSE(app, argc, argv);
   if (only.empty())
     for (size_t k = 1; k <= n_cases; ++k) only.push_back(k);

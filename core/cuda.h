@@ -113,9 +113,9 @@ void set_sync_debug(bool on);
 bool sync_debug();
 
 // Like torch.backends.cuda.enable_flash_sdp: whether the fused attention's
-// backward may run its warpgroup-MMA kernel (Hopper's wgmma, on a device of
-// compute capability 9.0; the benchmark interface at "high"). On by
-// default; off, the mma.sync kernel runs everywhere (to compare the two).
+// backward may run its warpgroup-MMA kernels (Hopper's wgmma, on a device of
+// compute capability 9.0; the benchmark interface at "high" and "highest").
+// On by default; off, the mma.sync kernels run everywhere (to compare them).
 void enable_warpgroup_attention(bool on);
 bool warpgroup_attention_enabled();
 

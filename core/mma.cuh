@@ -206,7 +206,8 @@ __device__ __forceinline__ uint32_t pack_half2(float x, float y) {
 struct Fp16 {
   using Staged = __half;
   static constexpr bool kHighest = false, kWarpgroup = false;
-  static constexpr int kParts = 1;  // fp16 values per operand element
+  static constexpr int kParts = 1;      // fp16 values per operand element
+  static constexpr int kLowOffset = 0;  // from a staged hi value to its lo value, in elements (none here)
 };
 
 // "highest" on fp16 tensor cores: each operand x (scaled into fp16's range)
@@ -220,8 +221,17 @@ struct Fp16x3 {
   using Staged = __half;
   static constexpr bool kHighest = true, kWarpgroup = false;
   static constexpr int kParts = 2;
+  static constexpr int kLowOffset = 64;
 };
-constexpr int kLowOffset = 64;  // from a staged hi value to its lo value, in elements
+
+// Where element (r, k) of a tile of rows of `cols` halves lies, in halves,
+// when it is stored as core matrices of 8 rows x 8 halves (128 contiguous
+// bytes), those next along k 128 bytes on and the next 8 rows cols / 8 x
+// 128 bytes on: wgmma's K-major layout without swizzle (core/wgmma.cuh),
+// in which the warpgroup policies stage their operand tiles.
+__host__ __device__ constexpr int core_matrix_offset(int r, int k, int cols) {
+  return (r / 8) * cols * 8 + (k / 8) * 64 + (r % 8) * 8 + k % 8;
+}
 
 // "high" on Hopper's warpgroup MMA (its products in core/wgmma.cuh, sm_90a
 // alone): the Fp16 policy's operands (fp16, scaled by the kernel), staged
@@ -237,16 +247,25 @@ struct Fp16Warpgroup {
   using Staged = __half;
   static constexpr bool kHighest = false, kWarpgroup = true;
   static constexpr int kParts = 1;
+  static constexpr int kLowOffset = 0;
 };
 
-// Where element (r, k) of a tile of rows of `cols` halves lies, in halves,
-// when it is stored as core matrices of 8 rows x 8 halves (128 contiguous
-// bytes), those next along k 128 bytes on and the next 8 rows cols / 8 x
-// 128 bytes on: wgmma's K-major layout without swizzle (core/wgmma.cuh),
-// in which the warpgroup policy (Fp16Warpgroup) stages its operand tiles.
-__host__ __device__ constexpr int core_matrix_offset(int r, int k, int cols) {
-  return (r / 8) * cols * 8 + (k / 8) * 64 + (r % 8) * 8 + k % 8;
-}
+// "highest" on Hopper's warpgroup MMA: Fp16x3's split operands (hi + 2^-11
+// lo) with Fp16Warpgroup's products. A staged tile row holds 128 halves, its
+// 64 hi values then its 64 lo values, as core matrices (kLowOffset: lo's
+// core matrices 8 on from hi's). Each product's hi lo + lo hi terms and its
+// hi hi term go into two fresh accumulators, 64 long along k, waited for and
+// added to the running one by one FFMA and one FADD per element: one
+// rounding of the running sum per 64 x 64 x 64 product, where Fp16x3 rounds
+// it once per 16-long step (four times the fix-ups). The tensor cores'
+// accumulation may not carry the running sum itself (it drifts:
+// docs/derivations.md, "highest" on fp16 tensor cores).
+struct Fp16x3Warpgroup {
+  using Staged = __half;
+  static constexpr bool kHighest = true, kWarpgroup = true;
+  static constexpr int kParts = 2;
+  static constexpr int kLowOffset = core_matrix_offset(0, 64, 128);
+};
 
 // The hooks of a policy whose products run asynchronously, read by the
 // tensor cores from shared memory (core/wgmma.cuh's Fp16Warpgroup); nothing
@@ -263,11 +282,11 @@ template <class Mma>
 __device__ __forceinline__ void products_done() {}
 
 // Every part's four registers (ldmatrix_x4) from `row`, a lane's address of
-// its hi values (the lo values kLowOffset further).
+// its hi values (the lo values Mma::kLowOffset further).
 template <class Mma, bool kTrans = false>
 __device__ __forceinline__ void ldmatrix_parts(uint32_t (&r)[Mma::kParts][4], const __half* row) {
 #pragma unroll
-  for (int part = 0; part < Mma::kParts; ++part) ldmatrix_x4<kTrans>(r[part], row + part * kLowOffset);
+  for (int part = 0; part < Mma::kParts; ++part) ldmatrix_x4<kTrans>(r[part], row + part * Mma::kLowOffset);
 }
 
 // Register i of every part of the scaled pair (x, y): hi rounded to

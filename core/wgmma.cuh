@@ -4,10 +4,10 @@
 // registers), asynchronously: issue, commit, and wait before the
 // accumulators are read. Checked on its own by `cuda/wgmma`
 // (tests/wgmma_probe.cu), timed by bench/wgmma_rate; the end of this file
-// holds the products of the warpgroup policy (core/mma.cuh's
-// Fp16Warpgroup), which the benchmark interface's "high" backward runs on
-// compute capability 9.0 (ops/fused_attention_warpgroup.cu; bench/NOTES.md
-// version 20).
+// holds the products of the warpgroup policies (core/mma.cuh's
+// Fp16Warpgroup and Fp16x3Warpgroup), which the benchmark interface's
+// backward runs on compute capability 9.0 (ops/fused_attention_warpgroup.cu;
+// bench/NOTES.md versions 20 and 24).
 //
 // Operands are K-major fp16 tiles of `rows` rows (a multiple of 8) and `cols`
 // halves along K, in one of two layouts (KMajor<Swizzle>):
@@ -184,7 +184,7 @@ __device__ __forceinline__ void mma_64x64x16(float (&d)[32], const uint32_t (&a)
 
 namespace tg::cuda::mma {
 
-// The products of the warpgroup policy (core/mma.cuh's Fp16Warpgroup).
+// The products of the warpgroup policies (core/mma.cuh's Fp16Warpgroup and Fp16x3Warpgroup).
 template <class Mma>
   requires(Mma::kWarpgroup)
 __device__ __forceinline__ void operand_tiles_written() {
@@ -199,20 +199,62 @@ __device__ __forceinline__ void products_done() {
 namespace warpgroup {
 using KMajorTile = wgmma::KMajor<wgmma::Swizzle::kNone>;  // a staged 64 x 64 tile, K along its rows
 using RowsAsK = wgmma::MnMajorOfRows;                      // the same tile with K down its rows
-constexpr int kTile = 64;
+constexpr int kTile = 64, kSteps = kTile / 16;             // a product's k-steps
 
 // The accumulators of a 64 x 64 product as wgmma's operand list (the same registers).
 __device__ __forceinline__ float (&flat(float (&acc)[8][4]))[32] { return reinterpret_cast<float(&)[32]>(acc); }
 
-// The A fragment of k-step s (16 columns) of the warp's 16 x 64 float
-// values, rounded to fp16 (pair(r, k): the lane's pair at column k of row g
-// (r = 0) or g + 8 (r = 1)): mma.sync's m16n8k16 A fragment.
-template <class PairAt>
-__device__ __forceinline__ void a_fragment(uint32_t (&a)[4], int s, const PairAt& pair) {
+// The descriptors of k-step s of part `part` (0 hi, 1 lo) of a staged tile,
+// whose rows hold kTile halves per part: as the K-major operand (K along its
+// rows) and as the MN-major one (K down its rows, read transposed).
+template <class Mma>
+__device__ __forceinline__ uint64_t k_major(const __half* tile, int part, int s) {
+  return KMajorTile::product(tile + part * Mma::kLowOffset, s, kTile, kTile * Mma::kParts);
+}
+template <class Mma>
+__device__ __forceinline__ uint64_t rows_as_k(const __half* tile, int part, int s) {
+  return RowsAsK::product(tile + part * Mma::kLowOffset, s, kTile * Mma::kParts, kTile);
+}
+
+// Every part of the A fragment of k-step s (16 columns) of the warp's 16 x
+// 64 float values (pair(r, k): the lane's pair at column k of row g (r = 0)
+// or g + 8 (r = 1)), rounded to fp16 and split with Fp16x3Warpgroup:
+// mma.sync's m16n8k16 A fragment.
+template <class Mma, class PairAt>
+__device__ __forceinline__ void a_fragment(uint32_t (&a)[Mma::kParts][4], int s, const PairAt& pair) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const float2 v = pair(i & 1, 16 * s + 8 * (i >> 1));  // a0 (g, 2t..), a1 (g + 8, ..), a2 (g, 2t + 8..), a3
-    a[i] = pack_half2(v.x, v.y);
+    pack_parts<Mma>(a, i, v.x, v.y);
+  }
+}
+
+// acc += A B over a product's k-steps, issue(d, s, part_a, part_b,
+// accumulate) issuing one wgmma (d = or += the parts' step s). One part:
+// into acc, committed, and waited for when `wait`. Two parts: hi lo + lo hi
+// and hi hi into fresh accumulators, waited for, and added to acc (the
+// Fp16x3Warpgroup policy). The fence comes after the caller's writes of A
+// registers and before the products.
+template <class Mma, class Issue>
+__device__ __forceinline__ void run_products(float (&acc)[32], bool wait, const Issue& issue) {
+  wgmma::fence();
+  if constexpr (Mma::kParts == 1) {
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) issue(acc, s, 0, 0, true);
+    wgmma::commit();
+    if (wait) wgmma::wait<0>();
+  } else {
+    float small[32], big[32];  // written by the first product of each (accumulate false)
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) {
+      issue(small, s, 0, 1, s > 0);  // hi lo
+      issue(small, s, 1, 0, true);   // lo hi
+      issue(big, s, 0, 0, s > 0);    // hi hi
+    }
+    wgmma::commit();
+    wgmma::wait<0>();
+#pragma unroll
+    for (int i = 0; i < 32; ++i) acc[i] += fmaf(small[i], 1.f / kLowPartFactor, big[i]);
   }
 }
 }  // namespace warpgroup
@@ -226,37 +268,32 @@ __device__ __forceinline__ void tile_product(float (&acc)[N][4], const __half* a
                                              int /*b_stride*/, int n0, int /*lane*/) {
   using namespace warpgroup;
   static_assert(K == 8 && N == 8, "warpgroup products are 64 x 64 x 64");
-  const __half* b = b_tile + core_matrix_offset(n0, 0, kTile);
-  wgmma::fence();
-#pragma unroll
-  for (int s = 0; s < kTile / 16; ++s)
-    wgmma::mma_64x64x16(flat(acc), KMajorTile::product(a_tile, s, kTile, kTile), KMajorTile::product(b, s, kTile, kTile),
-                        true);
-  wgmma::commit();
-  wgmma::wait<0>();
+  const __half* b = b_tile + core_matrix_offset(n0, 0, kTile * Mma::kParts);
+  run_products<Mma>(flat(acc), true, [&](float(&d)[32], int s, int pa, int pb, bool accumulate) {
+    wgmma::mma_64x64x16(d, k_major<Mma>(a_tile, pa, s), k_major<Mma>(b, pb, s), accumulate);
+  });
 }
 
 // acc += A B, A an earlier product's accumulators (rounded to fp16 as they
-// are) and B a staged k-major tile ([k][n], read MN-major); issued, not
-// waited for: products_done before acc is read or b_tile written, and
-// a_acc unchanged until then.
+// are) and B a staged k-major tile ([k][n], read MN-major); issued, and with
+// one part not waited for: products_done before acc is read or b_tile
+// written.
 template <class Mma, int K, int N>
   requires(Mma::kWarpgroup)
 __device__ __forceinline__ void accumulator_product(float (&acc)[N][4], const float (&a_acc)[K][4],
                                                     const __half* b_tile, int /*b_stride*/, int /*lane*/) {
   using namespace warpgroup;
   static_assert(K == 8 && N == 8, "warpgroup products are 64 x 64 x 64");
-  wgmma::fence();
+  uint32_t a[kSteps][Mma::kParts][4];
 #pragma unroll
-  for (int s = 0; s < kTile / 16; ++s) {
-    uint32_t a[4];
-    a_fragment(a, s, [&](int r, int k) {
+  for (int s = 0; s < kSteps; ++s)
+    a_fragment<Mma>(a[s], s, [&](int r, int k) {
       const float(&c)[4] = a_acc[k / 8];
       return make_float2(c[2 * r], c[2 * r + 1]);
     });
-    wgmma::mma_64x64x16<true>(flat(acc), a, RowsAsK::product(b_tile, s, kTile, kTile), true);
-  }
-  wgmma::commit();
+  run_products<Mma>(flat(acc), false, [&](float(&d)[32], int s, int pa, int pb, bool accumulate) {
+    wgmma::mma_64x64x16<true>(d, a[s][pa], rows_as_k<Mma>(b_tile, pb, s), accumulate);
+  });
 }
 
 // acc += (a_scale A) B, A the warp's rows a_row(r) of a float32 shared tile
@@ -270,18 +307,16 @@ __device__ __forceinline__ void scaled_float_product(float (&acc)[N][4], const f
   static_assert(K == 8 && N == 8, "warpgroup products are 64 x 64 x 64");
   const int g = lane >> 2, t = lane & 3;
   const float* rows[2] = {a_tile + a_row(g) * a_stride + 2 * t, a_tile + a_row(g + 8) * a_stride + 2 * t};
-  wgmma::fence();
+  uint32_t a[kSteps][Mma::kParts][4];
 #pragma unroll
-  for (int s = 0; s < kTile / 16; ++s) {
-    uint32_t a[4];
-    a_fragment(a, s, [&](int r, int k) {
+  for (int s = 0; s < kSteps; ++s)
+    a_fragment<Mma>(a[s], s, [&](int r, int k) {
       const float2 v = *reinterpret_cast<const float2*>(rows[r] + k);
       return make_float2(a_scale * v.x, a_scale * v.y);
     });
-    wgmma::mma_64x64x16<true>(flat(acc), a, RowsAsK::product(b_tile, s, kTile, kTile), true);
-  }
-  wgmma::commit();
-  wgmma::wait<0>();
+  run_products<Mma>(flat(acc), true, [&](float(&d)[32], int s, int pa, int pb, bool accumulate) {
+    wgmma::mma_64x64x16<true>(d, a[s][pa], rows_as_k<Mma>(b_tile, pb, s), accumulate);
+  });
 }
 
 }  // namespace tg::cuda::mma

@@ -282,14 +282,15 @@ void launch_forward(const AttentionInputs& in, const Tensor& o, const Tensor& ls
   check_launch("fused_attention");
 }
 
-// Whether the backward runs the warpgroup-MMA kernel: reading P and Pd at
-// "high", on a device of compute capability 9.0 (sm_90a code runs there
-// alone), unless enable_warpgroup_attention(false). Its grid is the Fp16
-// kernel's (the same CTAs per SM), which writes_key_gradients reports.
-static_assert(BackwardLayout<mma::Fp16Warpgroup, true>::kCtasPerSm == BackwardLayout<Fp16, true>::kCtasPerSm);
-bool uses_warpgroup_kernel(MatmulPrecision precision, bool read) {
-  return read && precision == MatmulPrecision::High && warpgroup_attention_enabled() && context().major == 9 &&
-         context().minor == 0;
+// Whether the backward runs a warpgroup-MMA kernel: reading P and Pd, on a
+// device of compute capability 9.0 (sm_90a code runs there alone), unless
+// enable_warpgroup_attention(false). Its grid is the mma.sync kernel's of
+// the same precision (the same CTAs per SM), which writes_key_gradients
+// reports.
+static_assert(BackwardLayout<mma::Fp16Warpgroup, true>::kCtasPerSm == BackwardLayout<Fp16, true>::kCtasPerSm &&
+              BackwardLayout<mma::Fp16x3Warpgroup, true>::kCtasPerSm == BackwardLayout<Fp16x3, true>::kCtasPerSm);
+bool uses_warpgroup_kernel(bool read) {
+  return read && warpgroup_attention_enabled() && context().major == 9 && context().minor == 0;
 }
 
 // The backward's policy: fp16 tiles at "high"; at "highest" split fp16
@@ -353,7 +354,7 @@ void FusedAttentionKernels<Device::CUDA>::backward(const AttentionInputs& in, co
   if (g.dout_half.matrices.empty()) check_aligned("dout", g.dout, 16);  // read as float tiles
   TG_CHECK(!g.probs.defined() || (g.colsum_ds.defined() && g.rowsum_pd.defined()),
            "fused_attention_backward: reading P needs the column and row sum outputs");
-  if (uses_warpgroup_kernel(precision, g.probs.defined())) return launch_interface_backward_warpgroup(in, g);
+  if (uses_warpgroup_kernel(g.probs.defined())) return launch_interface_backward_warpgroup(in, g, precision);
   with_backward_policy(precision, g.probs.defined(), [&](auto mma, auto read) {
     launch_backward<decltype(mma), decltype(read)::value>(in, g);
   });

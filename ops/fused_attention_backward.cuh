@@ -216,7 +216,7 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
   const auto copy_operand = [&](const auto& rows, const auto& lows, int64_t row0, Staged* dst, auto order) {
     copy_head_rows<kBwdThreads>(rows, b, h, row0, kBwdRows, sc.S, dst, Layout::place(order));
     if constexpr (Layout::kSplit)
-      copy_head_rows<kBwdThreads>(lows, b, h, row0, kBwdRows, sc.S, dst + mma::kLowOffset, Layout::place(order));
+      copy_head_rows<kBwdThreads>(lows, b, h, row0, kBwdRows, sc.S, dst + Mma::kLowOffset, Layout::place(order));
   };
   // The tile's [query][key] corner of a [.., S or M, S or M] matrix.
   const auto copy_scores = [&](const float* m, int64_t ld, int64_t q0, float* dst) {
@@ -599,9 +599,10 @@ void launch_backward(const AttentionInputs& in, const AttentionGradTensors& g) {
 namespace tg::cuda {
 
 // launch_backward with the warpgroup products (core/wgmma.cuh's
-// Fp16Warpgroup), reading P and Pd: "high" in the benchmark interface, on
-// a device of compute capability 9.0 (ops/fused_attention_warpgroup.cu,
-// built for sm_90a).
-void launch_interface_backward_warpgroup(const AttentionInputs& in, const AttentionGradTensors& g);
+// Fp16Warpgroup at "high", Fp16x3Warpgroup at "highest"), reading P and Pd:
+// the benchmark interface on a device of compute capability 9.0
+// (ops/fused_attention_warpgroup.cu, built for sm_90a).
+void launch_interface_backward_warpgroup(const AttentionInputs& in, const AttentionGradTensors& g,
+                                         MatmulPrecision precision);
 
 }  // namespace tg::cuda

@@ -153,8 +153,9 @@ struct RowsAt {
 template <class RowMap>
 struct CoreMatrixRows {
   static constexpr int kWarpRows = 8;  // a row's 16-byte chunks share a bank group (row % 8): a warp copies 8 rows
+  int cols;                            // halves in a staged row (kD, or 2 kD for hi and lo)
   RowMap row_of;
-  __device__ int operator()(int r, int col) const { return mma::core_matrix_offset(row_of(r), col, kD); }
+  __device__ int operator()(int r, int col) const { return mma::core_matrix_offset(row_of(r), col, cols); }
 };
 
 // Queues the copy of rows row0 .. row0 + n - 1 of one head (zeros past S)
@@ -340,7 +341,7 @@ static_assert(kHalfStride >= kD && kHalfStride % 8 == 0 && (kHalfStride / 2) % 3
 // Fp16x3 tiles: a row's 64 hi values, its 64 lo values, 8 of padding:
 // 272-byte rows, so ldmatrix's 8 rows hit distinct banks.
 constexpr int kSplitStride = 136;
-static_assert(mma::kLowOffset == kD && kSplitStride >= 2 * kD && kSplitStride % 8 == 0 && (kSplitStride / 2) % 32 == 4,
+static_assert(Fp16x3::kLowOffset == kD && kSplitStride >= 2 * kD && kSplitStride % 8 == 0 && (kSplitStride / 2) % 32 == 4,
               "kSplitStride: see above");
 struct HalfOperands {
   HeadRows<const __half> q, k, v;
@@ -369,14 +370,16 @@ template <class Mma>
 struct TileLayout {
   using Staged = typename Mma::Staged;
   static constexpr bool kHalf = sizeof(Staged) == 2, kSplit = kHalf && Mma::kHighest;
-  // The warpgroup policy's tiles are core matrices, 64 halves a row without padding (kTileStride: the row length).
-  static constexpr int kTileStride = Mma::kWarpgroup ? kD : kSplit ? kSplitStride : kHalf ? kHalfStride : kStride;
+  // The warpgroup policies' tiles are core matrices, 64 halves a row per part without padding (kTileStride: the
+  // row length).
+  static constexpr int kTileStride =
+      Mma::kWarpgroup ? kD * (kSplit ? 2 : 1) : kSplit ? kSplitStride : kHalf ? kHalfStride : kStride;
   static constexpr size_t kTile = size_t(64) * kTileStride * sizeof(Staged), kFloatTile = 64 * kStride * sizeof(float);
   static_assert(kTile % 16 == 0 && kFloatTile % 16 == 0, "tiles start on 16-byte boundaries");
   // Where copy_head_rows puts an operand tile's elements, row r at row row_of(r).
   template <class RowMap = SameRow>
   __device__ static auto place(RowMap row_of = {}) {
-    if constexpr (Mma::kWarpgroup) return CoreMatrixRows<RowMap>{row_of};
+    if constexpr (Mma::kWarpgroup) return CoreMatrixRows<RowMap>{kTileStride, row_of};
     else return RowsAt<RowMap>{kTileStride, row_of};
   }
 };

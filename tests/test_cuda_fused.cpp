@@ -84,11 +84,13 @@ void check_near_fp32(const Gradients& highest, const Gradients& ref32, const Gra
   }
 }
 
-// "high" from each backward kernel this device runs: on compute capability
-// 9.0 the warpgroup-MMA kernel (the default there) and the mma.sync one
-// (enable_warpgroup_attention(false)); elsewhere the mma.sync one alone.
-std::vector<std::pair<std::string, Gradients>> high_by_kernel(const BackwardInputs& in, double scale, double p) {
-  const auto run = [&] { return tg::fused::region_attention_backward(in, scale, p, tg::MatmulPrecision::High); };
+// The gradients at `precision` from each backward kernel this device runs:
+// on compute capability 9.0 the warpgroup-MMA kernel (the default there) and
+// the mma.sync one (enable_warpgroup_attention(false)); elsewhere the
+// mma.sync one alone.
+std::vector<std::pair<std::string, Gradients>> by_kernel(const BackwardInputs& in, double scale, double p,
+                                                         tg::MatmulPrecision precision) {
+  const auto run = [&] { return tg::fused::region_attention_backward(in, scale, p, precision); };
   std::vector<std::pair<std::string, Gradients>> out;
   if (tg::cuda::context().major == 9 && tg::cuda::context().minor == 0) out.emplace_back("warpgroup", run());
   tg::cuda::enable_warpgroup_attention(false);
@@ -102,15 +104,19 @@ void check_case(const Spec& s, double atol, const BackwardInputs& in) {
   const std::vector<tg::Tensor> before = inputs_of(in);
   std::vector<tg::Tensor> copies;
   for (const tg::Tensor& t : before) copies.push_back(t.clone());
-  const auto high = high_by_kernel(in, scale, s.p);
-  const Gradients highest = tg::fused::region_attention_backward(in, scale, s.p, tg::MatmulPrecision::Highest);
+  const auto high = by_kernel(in, scale, s.p, tg::MatmulPrecision::High);
+  const auto highest = by_kernel(in, scale, s.p, tg::MatmulPrecision::Highest);
   for (size_t i = 0; i < before.size(); ++i) CHECK(max_abs_diff(before[i], copies[i]) == 0.0);  // inputs untouched
   const Gradients ref32 = reference_backward(in, scale, s.p, tg::DType::Float32);
   for (const auto& [kernel, grads] : high) {
     CAPTURE(kernel);
     check_benchmark_rule(grads, ref32, atol);
   }
-  check_near_fp32(highest, ref32, reference_backward(in, scale, s.p, tg::DType::Float64));
+  const Gradients ref64 = reference_backward(in, scale, s.p, tg::DType::Float64);
+  for (const auto& [kernel, grads] : highest) {
+    CAPTURE(kernel);
+    check_near_fp32(grads, ref32, ref64);
+  }
 }
 
 }  // namespace
@@ -218,8 +224,9 @@ TEST_CASE("fused/benchmark interface: fp16 scales follow each operand's magnitud
     CAPTURE(std::string(name));
     check_power_of_two_scaling(in, scale, s, precision);
   }
-  tg::cuda::enable_warpgroup_attention(false);  // "high" on the mma.sync kernel too (on compute capability 9.0)
+  tg::cuda::enable_warpgroup_attention(false);  // the mma.sync kernels too (on compute capability 9.0)
   check_power_of_two_scaling(in, scale, s, tg::MatmulPrecision::High);
+  check_power_of_two_scaling(in, scale, s, tg::MatmulPrecision::Highest);
   tg::cuda::enable_warpgroup_attention(true);
 }
 
@@ -244,7 +251,7 @@ TEST_CASE("fused/benchmark interface: dropout near 1 (Pd beyond fp16's range)" *
   const double scale = 1 / std::sqrt(double(s.C / s.H));
   const Gradients ref64 = reference_backward(in, scale, s.p, tg::DType::Float64);
   const auto ref = outputs_of(ref64);
-  for (const auto& [kernel, grads] : high_by_kernel(in, scale, s.p)) {
+  for (const auto& [kernel, grads] : by_kernel(in, scale, s.p, tg::MatmulPrecision::High)) {
     CAPTURE(kernel);
     const auto got = outputs_of(grads);
     for (size_t i = 0; i < got.size(); ++i) {
@@ -252,8 +259,11 @@ TEST_CASE("fused/benchmark interface: dropout near 1 (Pd beyond fp16's range)" *
       CHECK(relative_error(got[i], ref[i]) < 1e-2);
     }
   }
-  check_near_fp32(tg::fused::region_attention_backward(in, scale, s.p, tg::MatmulPrecision::Highest),
-                  reference_backward(in, scale, s.p, tg::DType::Float32), ref64);
+  const Gradients ref32 = reference_backward(in, scale, s.p, tg::DType::Float32);
+  for (const auto& [kernel, grads] : by_kernel(in, scale, s.p, tg::MatmulPrecision::Highest)) {
+    CAPTURE(kernel);
+    check_near_fp32(grads, ref32, ref64);
+  }
 }
 
 namespace {

@@ -219,26 +219,38 @@ TEST_CASE("cuda/wgmma: a 64 x 64 product of exact values, every k step" *
 }
 
 namespace tgtest {
-void split_product(int form, const float* a, const float* b, int k, float* c);  // tests/mma_probe.cu, c = a b
+// c = a b (64 x k by k x 64) by mma::Fp16x3 (tests/mma_probe.cu) and mma::Fp16x3Warpgroup (tests/wgmma_probe.cu).
+void split_product(int form, const float* a, const float* b, int k, float* c);
+void split_product_warpgroup(int form, const float* a, const float* b, int k, float* c);
 void fragment_row_sums(const double* v, double* out);
 }  // namespace tgtest
 
-// mma::Fp16x3 ("highest" in the benchmark interface's kernel) on its own: a
-// 16 x 4096 by 4096 x 16 product added into running accumulators in 64
-// chunks of k = 64, as the kernel adds every query tile into dK and dV, for
-// each form of operand A (staged, from accumulators, from a float tile), on
-// positive data (every partial sum grows: the case where truncating the
-// tensor cores' accumulation biases the result most) and signed data;
-// output poisoned with NaN. Each product must be within 2x of a sequential
-// fp32 FMA loop's error against float64 (estimated 1/4 of it: a fresh
-// accumulator per 16-wide step, added by rounded FADD). Adding hi hi straight
-// into the running sum instead would put it ~20x over fp32's (the
-// truncation's bias over 768 MMAs); a lost or doubled 2^-11, a swapped part
-// or a misplaced low part, at fp16's precision or worse.
+// The split fp16 products ("highest" in the benchmark interface's kernels)
+// on their own: mma::Fp16x3 (mma.sync) and, on compute capability 9.0,
+// mma::Fp16x3Warpgroup (wgmma). A 64 x 4096 by 4096 x 64 product added into
+// running accumulators in 64 chunks of k = 64, as the kernels add every
+// query tile into dK and dV, for each form of operand A (staged, from
+// accumulators, from a float tile), on positive data (every partial sum
+// grows: the case where truncating the tensor cores' accumulation biases
+// the result most) and signed data; output poisoned with NaN. Each product
+// must be within 2x of a sequential fp32 FMA loop's error against float64:
+// both policies keep the running sum out of the tensor cores (a fresh
+// accumulator per 16-wide step, or per 64-wide product, added by rounded
+// FP32 instructions). Adding hi hi straight into the running sum instead put
+// it 12x over fp32's on the H200 (bench/NOTES.md version 23); a lost or
+// doubled 2^-11, a swapped part or a misplaced low part, at fp16's
+// precision or worse.
 TEST_CASE("cuda/mma_split: split fp16 products near fp32 over a long k, every operand form" * doctest::skip(kNoGpu)) {
-  constexpr int k = 4096, n = 16;
+  constexpr int k = 4096, n = 64;
   std::mt19937 gen(50);
   const char* const forms[] = {"both staged", "A from accumulators", "A from a float tile"};
+  struct Policy {
+    const char* name;
+    void (*product)(int, const float*, const float*, int, float*);
+    bool runs;
+  };
+  const Policy policies[] = {{"Fp16x3", tgtest::split_product, true},
+                             {"Fp16x3Warpgroup", tgtest::split_product_warpgroup, tgtest::wgmma_supported()}};
   for (const bool positive : {true, false}) {
     std::uniform_real_distribution<double> dist(positive ? 0.0 : -1.0, 1.0);
     std::vector<double> av(size_t(n) * k), bv(size_t(k) * n);
@@ -260,18 +272,22 @@ TEST_CASE("cuda/mma_split: split fp16 products near fp32 over a long k, every op
       }
     const tg::TensorOptions f32{tg::DType::Float32};
     const tg::Tensor a = tg::from_vector(av, {n, k}, f32).cuda(), b = tg::from_vector(bv, {k, n}, f32).cuda();
-    for (int form = 0; form < 3; ++form) {
-      CAPTURE(positive);
-      CAPTURE(std::string(forms[form]));
-      const tg::Tensor c = tg::full({n, n}, std::nan(""), {tg::DType::Float32, tg::Device::CUDA});
-      tgtest::split_product(form, a.data<float>(), b.data<float>(), k, c.data<float>());
-      const std::vector<double> cv = c.cpu().to_vector();
-      double error = 0;
-      for (size_t e = 0; e < cv.size(); ++e)
-        error = std::isfinite(cv[e]) ? std::max(error, std::abs(cv[e] - ref[e])) : INFINITY;
-      CAPTURE(error / largest);
-      CAPTURE(fp32_error / largest);
-      CHECK(error <= 2 * fp32_error);
+    for (const Policy& policy : policies) {
+      if (!policy.runs) continue;
+      for (int form = 0; form < 3; ++form) {
+        CAPTURE(positive);
+        CAPTURE(std::string(policy.name));
+        CAPTURE(std::string(forms[form]));
+        const tg::Tensor c = tg::full({n, n}, std::nan(""), {tg::DType::Float32, tg::Device::CUDA});
+        policy.product(form, a.data<float>(), b.data<float>(), k, c.data<float>());
+        const std::vector<double> cv = c.cpu().to_vector();
+        double error = 0;
+        for (size_t e = 0; e < cv.size(); ++e)
+          error = std::isfinite(cv[e]) ? std::max(error, std::abs(cv[e] - ref[e])) : INFINITY;
+        CAPTURE(error / largest);
+        CAPTURE(fp32_error / largest);
+        CHECK(error <= 2 * fp32_error);
+      }
     }
   }
 }

@@ -1,13 +1,15 @@
 // One 64 x 64 x k product on wgmma (core/wgmma.cuh) for `cuda/wgmma`: a
 // single warpgroup stages both operands as K-major tiles, each without
 // swizzle or with the 128-byte swizzle, and accumulates k / 16 products.
-// Compiled for sm_90a (wgmma needs it), so it runs on Hopper alone; the test
-// skips elsewhere.
+// And the split products of core/mma.cuh's Fp16x3Warpgroup for
+// `cuda/mma_split` (tests/split_probe.cuh). Compiled for sm_90a (wgmma needs
+// it), so it runs on Hopper alone; the tests skip elsewhere.
 #include <cuda_fp16.h>
 
 #include "core/cuda_context.h"
 #include "core/mma.cuh"
-#include "core/wgmma.cuh"
+#include "core/wgmma.cuh"  // before split_probe.cuh: its kernel's calls find the warpgroup products
+#include "split_probe.cuh"
 
 namespace tgtest {
 
@@ -111,6 +113,10 @@ void wgmma_product(const float* a, const float* b, int k, int layouts, float* c)
   else if (layouts == 8 && k == 64) launch(wgmma_product_kernel<Plain, MnMajorOfRows, 64>);
   else if (layouts == 9 && k == 128) launch(wgmma_product_kernel<Plain, MnMajorOfRows, 128, true>);
   else TG_FAIL("wgmma_probe: no kernel for k = ", k, " with layouts ", layouts);
+}
+
+void split_product_warpgroup(int form, const float* a, const float* b, int k, float* c) {
+  split_probe::split_product<tg::cuda::mma::Fp16x3Warpgroup>(form, a, b, k, c);
 }
 
 }  // namespace tgtest

@@ -1,0 +1,74 @@
+"""Where one call of the benchmark interface spends its GPU time, kernel by
+kernel (nsys is not on the GPU machine; PyTorch's profiler reads the same
+CUPTI activity records): for each chosen case, tapegrad's backward through
+its C API at each precision, the L2 flushed before every call as the
+benchmark does, 3 warm-up calls, then `--calls` profiled ones. Prints per
+kernel name its GPU time per call (mean over the calls), its share of the
+kernels' sum, and launches per call; the PyTorch kernels of the flush are
+left out.
+
+Usage: python3 bench/kernel_times.py --lib build/libtapegrad.so [--case 1 --case 14] [--calls 5]
+(cases numbered as in bench/compare_torch.py, 1 = (S 128, B 64))
+"""
+import argparse
+import os
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from compare_torch import CASES, OUTPUTS, Tapegrad, make_inputs  # noqa: E402
+
+PRECISIONS = {"highest": 0, "high": 1}
+
+
+def kernel_times(tg, inputs, outputs, precision, calls):
+    flush = torch.empty(512 * 2**20, dtype=torch.uint8, device="cuda")
+    for _ in range(3):
+        tg.backward(inputs, outputs, precision)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(calls):
+            flush.fill_(i % 256)
+            tg.backward(inputs, outputs, precision)
+        torch.cuda.synchronize()
+    total, count = {}, {}
+    for ev in prof.key_averages():
+        us = self_device_us(ev)
+        if us > 0 and "at::native" not in ev.key:  # a kernel, memset or copy; not the flush
+            total[ev.key] = us / calls
+            count[ev.key] = ev.count
+    return total, count
+
+
+def self_device_us(ev):
+    """The GPU time of an averaged event, under the attribute name of this PyTorch's version."""
+    for attr in ("self_device_time_total", "self_cuda_time_total"):
+        if hasattr(ev, attr):
+            return getattr(ev, attr)
+    return 0.0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", default="build/libtapegrad.so")
+    ap.add_argument("--case", type=int, action="append", help="1-based, as bench/compare_torch.py numbers them")
+    ap.add_argument("--calls", type=int, default=5)
+    args = ap.parse_args()
+    tg = Tapegrad(args.lib)
+    for n in args.case or [1, 14]:
+        S, B = CASES[n - 1]
+        inputs = make_inputs(B, S)
+        outputs = [torch.empty_like(inputs[i]) for i in (1, 3, 4, 5, 6, 7, 8, 9)]
+        assert len(outputs) == len(OUTPUTS)
+        for name, precision in PRECISIONS.items():
+            total, count = kernel_times(tg, inputs, outputs, precision, args.calls)
+            whole = sum(total.values())
+            print(f"S={S} B={B} {name}: kernels {whole:.1f} us per call")
+            for kernel, us in sorted(total.items(), key=lambda kv: -kv[1]):
+                print(f"  {us:9.1f} us {100 * us / whole:5.1f}%  x{count[kernel] / args.calls:4.1f}  {kernel[:110]}")
+
+
+if __name__ == "__main__":
+    main()
