@@ -4,7 +4,8 @@
 # TG_CUDA_SYNC=1 mode), compute-sanitizer over the GPU suite, the benchmarks
 # with their PyTorch peers, and the demo. Logs go to $OUT (default
 # /tmp/tg-out), eight files at most. TG_STEPS picks steps (default: all of
-# "tests sync safetensors sanitizers bench_ops region_attention wgmma_rate train_step compare_torch demo");
+# "tests sync safetensors sanitizers bench_ops region_attention wgmma_rate train_step kernel_times compare_torch
+# demo");
 # TG_SANITIZERS picks tools (default "memcheck racecheck synccheck initcheck");
 # TG_RACECHECK_TESTS narrows racecheck (slow: over 6 minutes on the whole
 # suite) to a doctest -tc filter, e.g. 'fused/*,cuda/gemm_fp16*'.
@@ -12,7 +13,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/tg-out}
 mkdir -p "$OUT"
-STEPS=${TG_STEPS:-tests sync safetensors sanitizers bench_ops region_attention wgmma_rate train_step compare_torch demo}
+STEPS=${TG_STEPS:-tests sync safetensors sanitizers bench_ops region_attention wgmma_rate train_step kernel_times compare_torch demo}
 status=0
 wants() { [[ " $STEPS " == *" $1 "* ]]; }
 step() {  # step NAME LOG COMMAND...: runs, logs, remembers a failure
@@ -78,6 +79,8 @@ if wants train_step; then
   step "train step (tapegrad)" bench.txt "$bin/train_step" --json "$OUT/train_step.json"
   step "train step (PyTorch eager)" bench.txt env PYTHONUNBUFFERED=1 python3 bench/train_step.py --json "$OUT/train_step_torch.json"
 fi
+wants kernel_times && step "kernel times of one interface call (C API)" bench.txt env PYTHONUNBUFFERED=1 \
+  python3 bench/kernel_times.py --lib "$bin/libtapegrad.so"
 wants compare_torch && step "compare with PyTorch (C API)" bench.txt env PYTHONUNBUFFERED=1 python3 bench/compare_torch.py \
   --lib "$bin/libtapegrad.so" ${TG_COMPARE_ARGS:---rounds 10 --compile} --json "$OUT/compare_torch.json"
 if wants demo; then
