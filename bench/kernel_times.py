@@ -8,7 +8,8 @@ kernels' sum, and launches per call; the PyTorch kernels of the flush are
 left out.
 
 Usage: python3 bench/kernel_times.py --lib build/libtapegrad.so [--case 1 --case 14] [--calls 5]
-(cases numbered as in bench/compare_torch.py, 1 = (S 128, B 64))
+(a case is its 1-based place in bench/compare_torch.py's CASES, as for
+region_attention --case: 1 = (S 128, B 64), 14 = (S 773, B 32))
 """
 import argparse
 import os
@@ -18,7 +19,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare_torch import CASES, OUTPUTS, Tapegrad, make_inputs  # noqa: E402
+from compare_torch import CASES, Tapegrad, make_inputs, reference_backward  # noqa: E402
 
 PRECISIONS = {"highest": 0, "high": 1}
 
@@ -47,21 +48,21 @@ def self_device_us(ev):
     for attr in ("self_device_time_total", "self_cuda_time_total"):
         if hasattr(ev, attr):
             return getattr(ev, attr)
-    return 0.0
+    raise RuntimeError("kernel_times: this PyTorch's profiler events carry no self device time")
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", default="build/libtapegrad.so")
-    ap.add_argument("--case", type=int, action="append", help="1-based, as bench/compare_torch.py numbers them")
+    ap.add_argument("--case", type=int, action="append", choices=range(1, len(CASES) + 1), metavar="N",
+                    help="1-based place in bench/compare_torch.py's CASES (repeatable; default 1 and 14)")
     ap.add_argument("--calls", type=int, default=5)
     args = ap.parse_args()
     tg = Tapegrad(args.lib)
     for n in args.case or [1, 14]:
         S, B = CASES[n - 1]
         inputs = make_inputs(B, S)
-        outputs = [torch.empty_like(inputs[i]) for i in (1, 3, 4, 5, 6, 7, 8, 9)]
-        assert len(outputs) == len(OUTPUTS)
+        outputs = [torch.empty_like(r) for r in reference_backward(*inputs)]  # the 8 gradients' shapes
         for name, precision in PRECISIONS.items():
             total, count = kernel_times(tg, inputs, outputs, precision, args.calls)
             whole = sum(total.values())

@@ -235,7 +235,7 @@ __host__ __device__ constexpr int core_matrix_offset(int r, int k, int cols) {
 
 // "high" on Hopper's warpgroup MMA (its products in core/wgmma.cuh, sm_90a
 // alone): the Fp16 policy's operands (fp16, scaled by the kernel), staged
-// as core matrices (core_matrix_offset, below: no padding), and each
+// as core matrices (core_matrix_offset, above: no padding), and each
 // product of the per-warp interface here computed for the whole warpgroup
 // at once: 64 x 64 x 64, four wgmma instructions, every warp receiving its
 // 16 rows of the result in mma.sync's C fragment. A kernel written for the
@@ -268,7 +268,7 @@ struct Fp16x3Warpgroup {
 };
 
 // The hooks of a policy whose products run asynchronously, read by the
-// tensor cores from shared memory (core/wgmma.cuh's Fp16Warpgroup); nothing
+// tensor cores from shared memory (core/wgmma.cuh's warpgroup policies); nothing
 // to do for the per-warp ones here. operand_tiles_written: after a thread's
 // writes of operand tiles (its cp.async groups waited for), before the
 // barrier that precedes the products. products_done: before the results of

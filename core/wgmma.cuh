@@ -10,7 +10,10 @@
 // bench/NOTES.md versions 20 and 24).
 //
 // Operands are K-major fp16 tiles of `rows` rows (a multiple of 8) and `cols`
-// halves along K, in one of two layouts (KMajor<Swizzle>):
+// halves along K (a staged row may hold more than one operand side by side,
+// the split policy's 64 hi and 64 lo halves: `cols` is then the staged row
+// length, and an operand's descriptors start at its first column), in one of
+// two layouts (KMajor<Swizzle>):
 // - kNone: core matrices of 8 rows x 8 halves (16 bytes a row, 128
 //   contiguous bytes); element (r, k) sits at byte
 //     (r / 8) * (cols / 8 * 128) + (k / 8) * 128 + (r % 8) * 16 + (k % 8) * 2,
@@ -112,7 +115,8 @@ struct MnMajor : KMajor<Swizzle::kNone> {
 };
 
 // As for every layout here, rows is the operand's N and cols its K: for
-// MnMajorOfRows, N is the staged tile's row length (d) and K its row count.
+// MnMajorOfRows, N is the staged tile's row length (d, or 2 d for a split
+// tile's hi and lo side by side) and K its row count.
 struct MnMajorOfRows {
   static constexpr bool kTransposed = true;
   __host__ __device__ static constexpr int offset(int n, int k, int rows, int cols) {
@@ -244,7 +248,9 @@ __device__ __forceinline__ void run_products(float (&acc)[32], bool wait, const 
     wgmma::commit();
     if (wait) wgmma::wait<0>();
   } else {
-    float small[32], big[32];  // written by the first product of each (accumulate false)
+    // Not zeroed: the first product into each is issued with accumulate false (wgmma's scale-d 0), which writes
+    // them without reading them; zeroing would cost 64 moves a product.
+    float small[32], big[32];
 #pragma unroll
     for (int s = 0; s < kSteps; ++s) {
       issue(small, s, 0, 1, s > 0);  // hi lo
@@ -256,6 +262,20 @@ __device__ __forceinline__ void run_products(float (&acc)[32], bool wait, const 
 #pragma unroll
     for (int i = 0; i < 32; ++i) acc[i] += fmaf(small[i], 1.f / kLowPartFactor, big[i]);
   }
+}
+
+// acc += A B, A the warp's 16 x 64 float values (pair: a_fragment's) rounded
+// to fp16 (split with two parts) and B a staged k-major tile ([k][n], read
+// MN-major); run_products' `wait`.
+template <class Mma, class PairAt>
+__device__ __forceinline__ void register_a_product(float (&acc)[32], bool wait, const __half* b_tile,
+                                                   const PairAt& pair) {
+  uint32_t a[kSteps][Mma::kParts][4];  // every step's fragments, written before run_products' fence
+#pragma unroll
+  for (int s = 0; s < kSteps; ++s) a_fragment<Mma>(a[s], s, pair);
+  run_products<Mma>(acc, wait, [&](float(&d)[32], int s, int pa, int pb, bool accumulate) {
+    wgmma::mma_64x64x16<true>(d, a[s][pa], rows_as_k<Mma>(b_tile, pb, s), accumulate);
+  });
 }
 }  // namespace warpgroup
 
@@ -284,15 +304,9 @@ __device__ __forceinline__ void accumulator_product(float (&acc)[N][4], const fl
                                                     const __half* b_tile, int /*b_stride*/, int /*lane*/) {
   using namespace warpgroup;
   static_assert(K == 8 && N == 8, "warpgroup products are 64 x 64 x 64");
-  uint32_t a[kSteps][Mma::kParts][4];
-#pragma unroll
-  for (int s = 0; s < kSteps; ++s)
-    a_fragment<Mma>(a[s], s, [&](int r, int k) {
-      const float(&c)[4] = a_acc[k / 8];
-      return make_float2(c[2 * r], c[2 * r + 1]);
-    });
-  run_products<Mma>(flat(acc), false, [&](float(&d)[32], int s, int pa, int pb, bool accumulate) {
-    wgmma::mma_64x64x16<true>(d, a[s][pa], rows_as_k<Mma>(b_tile, pb, s), accumulate);
+  register_a_product<Mma>(flat(acc), false, b_tile, [&](int r, int k) {
+    const float(&c)[4] = a_acc[k / 8];
+    return make_float2(c[2 * r], c[2 * r + 1]);
   });
 }
 
@@ -307,15 +321,9 @@ __device__ __forceinline__ void scaled_float_product(float (&acc)[N][4], const f
   static_assert(K == 8 && N == 8, "warpgroup products are 64 x 64 x 64");
   const int g = lane >> 2, t = lane & 3;
   const float* rows[2] = {a_tile + a_row(g) * a_stride + 2 * t, a_tile + a_row(g + 8) * a_stride + 2 * t};
-  uint32_t a[kSteps][Mma::kParts][4];
-#pragma unroll
-  for (int s = 0; s < kSteps; ++s)
-    a_fragment<Mma>(a[s], s, [&](int r, int k) {
-      const float2 v = *reinterpret_cast<const float2*>(rows[r] + k);
-      return make_float2(a_scale * v.x, a_scale * v.y);
-    });
-  run_products<Mma>(flat(acc), true, [&](float(&d)[32], int s, int pa, int pb, bool accumulate) {
-    wgmma::mma_64x64x16<true>(d, a[s][pa], rows_as_k<Mma>(b_tile, pb, s), accumulate);
+  register_a_product<Mma>(flat(acc), true, b_tile, [&](int r, int k) {
+    const float2 v = *reinterpret_cast<const float2*>(rows[r] + k);
+    return make_float2(a_scale * v.x, a_scale * v.y);
   });
 }
 

@@ -361,8 +361,8 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
       }
     }
 
-    // dV += Pd^T dO, dK += dS^T Q (issued asynchronously with the warpgroup policy: done before Q and dO are
-    // replaced, while the row sums of Pd run)
+    // dV += Pd^T dO, dK += dS^T Q (with Fp16Warpgroup issued asynchronously: done before Q and dO are replaced,
+    // while the row sums of Pd run; Fp16x3Warpgroup waits for each product to fold it)
     mma::accumulator_product<Mma, 8, 8>(dV, pd, dOs, kTs, lane);
     mma::accumulator_product<Mma, 8, 8>(dK, ds, Qs, kTs, lane);
 

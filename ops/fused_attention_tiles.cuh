@@ -141,7 +141,7 @@ struct FragmentOrder {
 // Where element (r, col) of a [row][d] tile lands in shared memory, in
 // elements from the tile's start: row row_of(r) of stride `stride`
 // (RowsAt), or of core matrices (CoreMatrixRows, core/mma.cuh's
-// core_matrix_offset: the warpgroup policy's tiles, 16-byte chunks of a row
+// core_matrix_offset: the warpgroup policies' tiles, 16-byte chunks of a row
 // stay contiguous).
 template <class RowMap>
 struct RowsAt {

@@ -225,8 +225,11 @@ TEST_CASE("fused/benchmark interface: fp16 scales follow each operand's magnitud
     check_power_of_two_scaling(in, scale, s, precision);
   }
   tg::cuda::enable_warpgroup_attention(false);  // the mma.sync kernels too (on compute capability 9.0)
-  check_power_of_two_scaling(in, scale, s, tg::MatmulPrecision::High);
-  check_power_of_two_scaling(in, scale, s, tg::MatmulPrecision::Highest);
+  for (const auto& [name, precision] : {std::pair{"high on mma.sync", tg::MatmulPrecision::High},
+                                        std::pair{"highest on mma.sync", tg::MatmulPrecision::Highest}}) {
+    CAPTURE(std::string(name));
+    check_power_of_two_scaling(in, scale, s, precision);
+  }
   tg::cuda::enable_warpgroup_attention(true);
 }
 
