@@ -284,9 +284,9 @@ TEST_CASE("cuda/mma_split: split fp16 products near fp32 over a long k, every op
         double error = 0;
         for (size_t e = 0; e < cv.size(); ++e)
           error = std::isfinite(cv[e]) ? std::max(error, std::abs(cv[e] - ref[e])) : INFINITY;
-        MESSAGE(policy.name << ", " << forms[form] << (positive ? ", positive" : ", signed")
-                            << ": error / fp32 loop's " << error / fp32_error << " (fp32 loop's "
-                            << fp32_error / largest << " of the largest)");
+        const std::string what = std::string(policy.name) + ", " + forms[form] + (positive ? ", positive" : ", signed");
+        MESSAGE(what << ": error / fp32 loop's " << error / fp32_error << " (fp32 loop's " << fp32_error / largest
+                     << " of the largest)");
         CHECK(error <= 2 * fp32_error);
       }
     }
