@@ -45,6 +45,7 @@ __device__ void store_split(__half* tile, int r, int k, float x) {
 template <class Policy, int kForm>
 __global__ void __launch_bounds__(128) split_product_kernel(const float* a, const float* b, int k, float* c) {
   static_assert(kRows * kSplitStride * sizeof(__half) <= kTileBytes, "a split tile fits");
+  static_assert(kRows == kCols && kCols == kChunk, "one loop stages A's rows and B's columns, 64 each");
   __shared__ alignas(128) unsigned char first[kTileBytes];   // A split (kBothStaged) or float (kFromFloatTile)
   __shared__ alignas(128) unsigned char second[kTileBytes];  // B split, [n][k] (kBothStaged) or [k][n]
   __half* a_split = reinterpret_cast<__half*>(first);
