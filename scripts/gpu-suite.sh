@@ -29,8 +29,8 @@ step() {  # step NAME LOG COMMAND...: runs, logs, remembers a failure
 }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv >>"$OUT/run.log" 2>&1  # appends: a later call with other TG_STEPS keeps the earlier log
 bin=build-gpu
-binaries="tg_tests tg_cuda_tests bench_ops train_step region_attention wgmma_rate attention_demo train_edit_diffusion libtapegrad.so"
-loads() { for b in $binaries; do [ -e "$1/$b" ] && ! ldd "$1/$b" | grep -q "not found" || return 1; done; }
+source scripts/binaries.sh
+loads() { for b in $TG_BINARIES; do [ -e "$1/$b" ] && ! ldd "$1/$b" | grep -q "not found" || return 1; done; }
 if [ -n "${TG_PREBUILT:-}" ] && loads "$TG_PREBUILT"; then
   bin=$TG_PREBUILT
   echo "using the binaries in $bin" | tee -a "$OUT/run.log"

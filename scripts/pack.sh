@@ -8,12 +8,12 @@
 # Usage: bash scripts/pack.sh TAG [BUILD_DIR]   (default build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/binaries.sh
 [ $# -ge 1 ] || { echo "usage: bash scripts/pack.sh TAG [BUILD_DIR]" >&2; exit 2; }
 tag=$1
 build=${2:-build}
 files=()
-for b in tg_tests tg_cuda_tests bench_ops train_step region_attention wgmma_rate attention_demo train_edit_diffusion \
-  libtapegrad.so; do
+for b in $TG_BINARIES; do
   [ -e "$build/$b" ] && files+=("$b")
 done
 [ ${#files[@]} -gt 0 ] || { echo "no binaries in $build" >&2; exit 1; }
