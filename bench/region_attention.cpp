@@ -14,7 +14,7 @@
 // [B,H,S,S] tensor + the 64 MiB dE write + eight [B,S,C] tensors + the
 // weights.
 //
-// Usage: region_attention [--json FILE] [--cases N | --case K...] [--high-only] [--mma-sync]
+// Usage: region_attention [--json FILE] [--cases N | --case K...] [--high-only] [--mma-sync] [--cublas-split]
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -81,11 +81,15 @@ int main(int argc, char** argv) {
   bool mma_sync = false;
   app.add_flag("--mma-sync", mma_sync,
                "the mma.sync backward kernels where the warpgroup-MMA ones would run (compute capability 9.0)");
+  bool cublas_split = false;
+  app.add_flag("--cublas-split", cublas_split,
+               "\"highest\"'s projections on cuBLAS's k slices where the warpgroup split GEMM would run");
   CLI11_PARSE(app, argc, argv);
   if (only.empty())
     for (size_t k = 1; k <= n_cases; ++k) only.push_back(k);
   if (!tgbench::cuda_present("region_attention")) return 1;
   tg::cuda::enable_warpgroup_attention(!mma_sync);
+  tg::cuda::enable_warpgroup_gemm(!cublas_split);
   tg::manual_seed(0);
   tgbench::Timer timer;
   const tgbench::Ceilings ceil = tgbench::measure_ceilings(timer);

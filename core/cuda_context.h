@@ -6,7 +6,12 @@
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
+#include <mutex>
+
 #include "core/dtype.h"
+
+// Raises a tg::Error naming op and the call when a CUDA, cuBLAS or cuDNN call fails (tg::cuda::check, below).
+#define TG_CUDA_CHECK(call, op) ::tg::cuda::check((call), (op), #call)
 
 namespace tg::cuda {
 
@@ -66,6 +71,17 @@ class HostScalar {
 // for the kernel so that a fault inside it is reported against `op`.
 void check_launch(const char* op);
 
+// Raises kKernel's dynamic shared memory limit to `bytes` (above the 48 KiB
+// a launch gets without asking), once per kernel (not again inside a CUDA
+// graph capture of a later call).
+template <auto kKernel>
+void allow_shared_memory(size_t bytes, const char* op) {
+  static std::once_flag once;
+  std::call_once(once, [&] {
+    TG_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
+                  op);
+  });
+}
+
 }  // namespace tg::cuda
 
-#define TG_CUDA_CHECK(call, op) ::tg::cuda::check((call), (op), #call)

@@ -17,6 +17,8 @@ std::size_t allocation_size(std::size_t) { return no_cuda_backend<std::size_t>()
 bool sync_debug() { return false; }
 void enable_warpgroup_attention(bool) { no_cuda_backend(); }
 bool warpgroup_attention_enabled() { return false; }
+void enable_warpgroup_gemm(bool) { no_cuda_backend(); }
+bool warpgroup_gemm_enabled() { return false; }
 StreamGuard::StreamGuard(void*) : previous_(nullptr), had_previous_(false) { no_cuda_backend(); }
 StreamGuard::~StreamGuard() = default;
 struct Fork::Lane {};

@@ -276,7 +276,7 @@ void launch_forward(const AttentionInputs& in, const Tensor& o, const Tensor& ls
   ForwardArgs args{head_rows<const float>(in.q), head_rows<const float>(in.k), head_rows<const float>(in.v),
                    o.data<float>(), lse.data<float>(), HalfOperands{}, score_args(in)};
   if constexpr (Layout::kHalf) args.half = qkv_half_operands(in);
-  allow_shared_memory<attention_forward_kernel<Mma>>(Layout::kBytes);
+  allow_shared_memory<attention_forward_kernel<Mma>>(Layout::kBytes, "fused_attention");
   const dim3 grid(static_cast<unsigned>((in.d.S + kFwdRows - 1) / kFwdRows), static_cast<unsigned>(in.d.B * in.d.H));
   attention_forward_kernel<Mma><<<grid, kFwdThreads, Layout::kBytes, stream()>>>(args);
   check_launch("fused_attention");

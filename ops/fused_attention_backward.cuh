@@ -580,7 +580,7 @@ void launch_backward(const AttentionInputs& in, const AttentionGradTensors& g) {
                     data_or_null<double>(rows), HalfOperands{}, score_args(in), splits,
                     halves ? key_halves_args(g.key_halves, d) : KeyHalves{}};
   if constexpr (Layout::kHalf) args.half = half_operands(in, g, kRead, Layout::kSplit);
-  allow_shared_memory<attention_backward_kernel<Mma, kRead>>(Layout::kBytes);
+  allow_shared_memory<attention_backward_kernel<Mma, kRead>>(Layout::kBytes, "fused_attention");
   const dim3 grid(static_cast<unsigned>(key_tiles * splits), static_cast<unsigned>(d.B * d.H));
   attention_backward_kernel<Mma, kRead><<<grid, kBwdThreads, Layout::kBytes, stream()>>>(args);
   check_launch("fused_attention_backward");

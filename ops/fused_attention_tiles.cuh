@@ -7,7 +7,6 @@
 #pragma once
 #include <algorithm>
 #include <cmath>
-#include <mutex>
 #include <type_traits>
 
 #include "core/async_copy.cuh"
@@ -383,17 +382,6 @@ struct TileLayout {
     else return RowsAt<RowMap>{kTileStride, row_of};
   }
 };
-
-// Raises kKernel's dynamic shared memory limit, once per kernel (not again
-// inside a CUDA graph capture of a later call).
-template <auto kKernel>
-void allow_shared_memory(size_t bytes) {
-  static std::once_flag once;
-  std::call_once(once, [&] {
-    TG_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
-                  "fused_attention");
-  });
-}
 
 // Pd's scale 2^-e_keep for the fp16 tiles: keep_scale = 1 / (1 - p) < 2^e_keep.
 float pd_scale(double p) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "core/cuda.h"
 #include "core/cuda_allocator.h"
 #include "core/cuda_context.h"
 #include "core/cuda_loops.cuh"
@@ -10,6 +11,7 @@
 #include "core/indexing.h"
 #include "core/fp16_scale.cuh"
 #include "ops/matmul_kernels.h"
+#include "ops/matmul_warpgroup.h"
 
 namespace tg::cuda {
 
@@ -357,6 +359,21 @@ struct AddSlices {
   }
 };
 
+// Whether a split group's product c [rows, cols] = A B over depth runs on
+// the warpgroup split GEMM (ops/matmul_warpgroup.cu): neither operand
+// transposed, sizes it takes, at least two of its CTAs (tiles of c) per
+// chunk of the k that each walks alone, on a device of compute capability
+// 9.0 (sm_90a code runs there alone), unless enable_warpgroup_gemm(false).
+// With fewer CTAs, cuBLAS (which splits k) was faster: on the H200 (session
+// 33, bench/split_gemm) dx = dqkv Wqkv (48 chunks) lost at 72 tiles (0.91x)
+// and won from 96 (1.11x), do = dy Wo (16 chunks) lost at 24 (0.86x) and
+// won from 48 (1.06x).
+bool uses_split_gemm(bool transpose_a, bool transpose_b, int64_t rows, int64_t cols, int64_t depth) {
+  const int64_t tiles = (rows + kSplitGemmRows - 1) / kSplitGemmRows * (cols / kSplitGemmCols);
+  return !transpose_a && !transpose_b && split_gemm_fits(rows, cols, depth) && tiles >= 2 * (depth / kSplitGemmDepth) &&
+         warpgroup_gemm_enabled() && context().major == 9 && context().minor == 0;
+}
+
 }  // namespace
 }  // namespace cuda
 
@@ -376,6 +393,12 @@ void GemmKernels<Device::CUDA>::gemm_fp16(const Fp16Group& group, int a, bool tr
   const HalfOperand a_hi = half_operand(A), b_hi = half_operand(B);
   const HalfOperand a_lo = split ? half_operand(group.lows[a]) : a_hi, b_lo = split ? half_operand(group.lows[b]) : b_hi;
   float* out = c.data<float>();
+  if (split && uses_split_gemm(transpose_a, transpose_b, n, m, k)) {
+    const Tensor b_transposed = empty({m * k}, {DType::Float32, Device::CUDA});  // 2 m k halves
+    launch_split_gemm_warpgroup({a_hi.values, a_lo.values, b_hi.values, b_lo.values, out, alpha, low_alpha, n, m, k,
+                                 reinterpret_cast<__half*>(b_transposed.data<float>())});
+    return;
+  }
   // A small c (the weight gradients, k = tokens; dx and dout up to 8192
   // tokens): the hi hi slices kFp16BatchedSlices at a time as one
   // strided-batched GEMM into a workspace, then added to c in slice order (the

@@ -4,8 +4,8 @@
 # TG_CUDA_SYNC=1 mode), compute-sanitizer over the GPU suite, the benchmarks
 # with their PyTorch peers, and the demo. Logs go to $OUT (default
 # /tmp/tg-out), eight files at most. TG_STEPS picks steps (default: all of
-# "tests sync safetensors sanitizers bench_ops region_attention wgmma_rate train_step kernel_times compare_torch
-# demo");
+# "tests sync safetensors sanitizers bench_ops region_attention split_gemm wgmma_rate train_step kernel_times
+# compare_torch demo");
 # TG_SANITIZERS picks tools (default "memcheck racecheck synccheck initcheck");
 # TG_RACECHECK_TESTS narrows racecheck (slow: over 6 minutes on the whole
 # suite) to a doctest -tc filter, e.g. 'fused/*,cuda/gemm_fp16*'.
@@ -13,7 +13,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/tg-out}
 mkdir -p "$OUT"
-STEPS=${TG_STEPS:-tests sync safetensors sanitizers bench_ops region_attention wgmma_rate train_step kernel_times compare_torch demo}
+STEPS=${TG_STEPS:-tests sync safetensors sanitizers bench_ops region_attention split_gemm wgmma_rate train_step kernel_times compare_torch demo}
 status=0
 wants() { [[ " $STEPS " == *" $1 "* ]]; }
 step() {  # step NAME LOG COMMAND...: runs, logs, remembers a failure
@@ -74,6 +74,7 @@ if wants sanitizers; then
 fi
 wants bench_ops && step "bench ops" bench.txt "$bin/bench_ops" --json "$OUT/bench_ops.json"
 wants region_attention && step "region attention (16 cases)" bench.txt "$bin/region_attention" --json "$OUT/region_attention.json"
+wants split_gemm && step "split GEMM (warpgroup kernel, cuBLAS k slices)" bench.txt "$bin/split_gemm" --json "$OUT/split_gemm.json"
 wants wgmma_rate && step "tensor-core rate from shared memory (mma.sync, wgmma)" bench.txt "$bin/wgmma_rate"
 if wants train_step; then
   step "train step (tapegrad)" bench.txt "$bin/train_step" --json "$OUT/train_step.json"

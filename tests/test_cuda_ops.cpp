@@ -404,6 +404,54 @@ TEST_CASE("cuda/gemm_fp16: a split group gives fp32's accuracy over a long k, ev
   }
 }
 
+// The warpgroup split GEMM (ops/matmul_warpgroup.cu; gemm_fp16 runs it on
+// compute capability 9.0 for a split group's untransposed products with at
+// least two 128 x 128 tiles of c per 64-long chunk of k: here 328 tiles):
+// a partial last row tile, k of one chunk and of many, two magnitudes. Its error against fp64 (on the rows of
+// the first, a middle and the partial last tile) within 2x of cuBLAS's fp32
+// GEMM's, and 100x below one fp16 product's; every element (the output
+// poisoned with NaN) within 2^-16 of the largest of cuBLAS's split products
+// (enable_warpgroup_gemm(false)), which it must not equal bit for bit (else
+// the kernel did not run): a cross term lost or mis-scaled is 2^-11 off.
+TEST_CASE("cuda/gemm_fp16x3_warpgroup: the split GEMM kernel near fp32, every element written" *
+          doctest::skip(kNoGpu || !tgtest::wgmma_supported())) {
+  tg::manual_seed(52);
+  const int64_t rows = 40 * 128 + 77, cols = 1024;
+  const std::vector<std::pair<int64_t, int64_t>> checked = {{0, 128}, {17 * 128, 128}, {40 * 128, 77}};
+  for (const int64_t depth : {64, 1024, 3072})
+  for (const double magnitude : {1.0, 1e-9}) {
+    CAPTURE(depth);
+    CAPTURE(magnitude);
+    const tg::Tensor a = tg::mul(tg::randn({rows, depth}), magnitude), b = tg::randn({depth, cols});
+    const tg::TensorOptions cuda32{tg::DType::Float32, tg::Device::CUDA};
+    const tg::Tensor ag = a.cuda(), bg = b.cuda();
+    const tg::Fp16Group split = tg::to_fp16_split({ag, bg});
+    const tg::Tensor c = tg::full({rows, cols}, std::nan(""), cuda32), cublas = tg::full({rows, cols}, std::nan(""), cuda32);
+    tg::gemm_fp16_into(split, 0, false, 1, false, c);
+    tg::cuda::enable_warpgroup_gemm(false);
+    tg::gemm_fp16_into(split, 0, false, 1, false, cublas);
+    tg::cuda::enable_warpgroup_gemm(true);
+    const tg::Tensor fp32 = tg::empty({rows, cols}, cuda32), fp16 = tg::full({rows, cols}, std::nan(""), cuda32);
+    tg::gemm_into("test", ag, bg, fp32, 0.0, tg::MatmulPrecision::Highest);
+    tg::gemm_fp16_into(tg::to_fp16({ag, bg}), 0, false, 1, false, fp16);
+    double err = 0, fp32_err = 0, cublas_err = 0, fp16_err = 0;
+    for (const auto& [first, count] : checked) {
+      const tg::Tensor exact = tg::matmul(a.narrow(0, first, count).to(tg::DType::Float64), b.to(tg::DType::Float64));
+      const auto error_of = [&](const tg::Tensor& x) {
+        return max_abs_diff(x.narrow(0, first, count).cpu().to(tg::DType::Float64), exact) / magnitude;
+      };
+      err = std::max(err, error_of(c)), fp32_err = std::max(fp32_err, error_of(fp32));
+      cublas_err = std::max(cublas_err, error_of(cublas)), fp16_err = std::max(fp16_err, error_of(fp16));
+    }
+    MESSAGE("kernel / fp32 error: " << err / fp32_err << ", cuBLAS split / fp32: " << cublas_err / fp32_err);
+    CHECK(err <= 2 * fp32_err);
+    CHECK(err * 100 < fp16_err);
+    const double largest = max_abs_diff(cublas, tg::zeros_like(cublas)), apart = max_abs_diff(c, cublas);
+    CHECK(apart <= 0x1p-16 * largest);  // NaN (an element not written) fails it too
+    CHECK(apart > 0);
+  }
+}
+
 // to_fp16 takes its scale from a sample of 1024 elements and converts once
 // more when the true max leaves the window the sample's scale allows: a huge
 // element the sample misses (the first conversion overflows it to Inf), or
