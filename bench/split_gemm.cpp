@@ -2,10 +2,11 @@
 // a to_fp16_split group: hi hi + 2^-11 (hi lo + lo hi)) on the warpgroup
 // split GEMM (ops/matmul_warpgroup.cu) against cuBLAS's fp16 GEMMs in k
 // slices of 512 (enable_warpgroup_gemm(false)), on the layer backward's
-// untransposed products do = dy Wo ([T, C] x [C, C]) and dx = dqkv Wqkv
-// ([T, 3C] x [3C, C]) at the token counts T = B S of the spec's 16 cases
-// (below the CTA count at which gemm_fp16 takes the kernel, ops/matmul.cu's
-// uses_split_gemm, both columns time cuBLAS).
+// four projection products, do = dy Wo ([T, C] x [C, C]), dx = dqkv Wqkv
+// ([T, 3C] x [3C, C]), dWo = dy^T o ([C, T] x [T, C]) and dWqkv = dqkv^T x
+// ([3C, T] x [T, C]), at the token counts T = B S of the spec's 16 cases
+// (where gemm_fp16 does not take the kernel, ops/matmul.cu's
+// split_gemm_splits, both columns time cuBLAS).
 //
 // Timing: bench/timing.h (L2 flushed, 10 warm-up, 50 timed, median), the
 // same converted operands for both. Floor: three plain fp16 products, each
@@ -45,23 +46,32 @@ int main(int argc, char** argv) {
   const int64_t C = 1024;
   std::vector<Row> rows;
   // B S of the spec's 16 cases, in order of size.
+  struct Product {
+    const char* name;
+    int64_t a_cols;  // A [T, a_cols]
+    bool weight;     // c = A^T B (B [T, C]), else c = A B (B [a_cols, C])
+  };
+  const Product products[] = {{"do = dy Wo", C, false}, {"dx = dqkv Wqkv", 3 * C, false},
+                              {"dWo = dy^T o", C, true}, {"dWqkv = dqkv^T x", 3 * C, true}};
+  // B S of the spec's 16 cases, in order of size.
   for (const int64_t tokens : {373, 704, 853, 898, 1024, 1152, 1536, 2560, 2816, 3376, 3584, 8192, 9376, 11056, 16384,
                                24736})
-    for (const int64_t depth : {C, 3 * C}) {
-      const tg::Tensor a = tg::randn({tokens, depth}).cuda(), b = tg::mul(tg::randn({depth, C}), 0.02).cuda();
+    for (const Product& p : products) {
+      const tg::Tensor a = tg::randn({tokens, p.a_cols}).cuda();
+      const tg::Tensor b = tg::mul(tg::randn({p.weight ? tokens : p.a_cols, C}), 0.02).cuda();
       const tg::Fp16Group split = tg::to_fp16_split({a, b}), plain = tg::to_fp16({a, b});
-      const tg::Tensor c = tg::empty({tokens, C}, {tg::DType::Float32, tg::Device::CUDA});
+      const tg::Tensor c = tg::empty({p.weight ? p.a_cols : tokens, C}, {tg::DType::Float32, tg::Device::CUDA});
       const auto time_us = [&](const tg::Fp16Group& group, bool warpgroup) {
         tg::cuda::enable_warpgroup_gemm(warpgroup);
-        const double us = 1e3 * timer.median_ms([&] { tg::gemm_fp16_into(group, 0, false, 1, false, c); });
+        const double us = 1e3 * timer.median_ms([&] { tg::gemm_fp16_into(group, 0, p.weight, 1, false, c); });
         tg::cuda::enable_warpgroup_gemm(true);
         return us;
       };
-      Row r{depth == C ? "do = dy Wo" : "dx = dqkv Wqkv", tokens, depth, time_us(split, true), time_us(split, false),
+      Row r{p.name, tokens, p.weight ? tokens : p.a_cols, time_us(split, true), time_us(split, false),
             3 * time_us(plain, false)};
       rows.push_back(r);
-      const double tflop = 3 * 2.0 * tokens * depth * C / 1e12;
-      std::printf("%-14s T=%6ld  kernel %8.1f us (%5.1f TFLOP/s, %4.2fx floor)  cuBLAS slices %8.1f us "
+      const double tflop = 3 * 2.0 * tokens * p.a_cols * C / 1e12;
+      std::printf("%-16s T=%6ld  kernel %8.1f us (%5.1f TFLOP/s, %4.2fx floor)  cuBLAS slices %8.1f us "
                   "(%5.1f TFLOP/s)  x %4.2f  floor %8.1f us\n",
                   r.product.c_str(), long(tokens), r.kernel_us, tflop / r.kernel_us * 1e6, r.kernel_us / r.floor_us,
                   r.cublas_us, tflop / r.cublas_us * 1e6, r.cublas_us / r.kernel_us, r.floor_us);

@@ -114,6 +114,26 @@ struct MnMajor : KMajor<Swizzle::kNone> {
   }
 };
 
+// MN-major fp16 tiles with the 128-byte swizzle, as the TMA writes boxes of
+// 64 MN elements (128 bytes) by K rows of a [k][mn] matrix: 64-wide blocks
+// of MN one after another, each K rows of 128 bytes in which row k's 16-byte
+// chunk c is stored at chunk c ^ (k % 8) (1024-byte aligned, like
+// KMajor<k128B>). Element (n, k) at byte
+//   (n / 64) K 128 + k 128 + ((n % 64 / 8) ^ (k % 8)) 16 + (n % 8) 2;
+// the descriptor's leading byte offset steps to the next 64-wide block of MN
+// (K 128 bytes), its stride byte offset to the next 8 rows of K (1024):
+// the roles the plain MN-major layouts give them the other way round.
+struct MnMajor128B {
+  static constexpr bool kTransposed = true;
+  __host__ __device__ static constexpr int offset(int n, int k, int /*rows*/, int cols) {
+    return (n / 64) * cols * 64 + k * 64 + ((n % 64 / 8) ^ (k % 8)) * 8 + n % 8;
+  }
+  // Product s: K rows 16 s .. 16 s + 15.
+  __device__ static uint64_t product(const __half* tile, int s, int /*rows*/, int cols) {
+    return descriptor(tile + 16 * 64 * s, cols * 128, 1024, 1);
+  }
+};
+
 // As for every layout here, rows is the operand's N and cols its K: for
 // MnMajorOfRows, N is the staged tile's row length (d, or 2 d for a split
 // tile's hi and lo side by side) and K its row count.
@@ -175,24 +195,24 @@ __device__ __forceinline__ void wait() {
   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
 
 // d = A B^T (+ d where accumulate) for A 64 x 16 and B 64 x 16 (descriptors
-// a and b; A K-major, B K-major or with kTransB MN-major): the warpgroup's
-// 64 x 64 x 16 product, issued.
-template <bool kTransB = false>
+// a and b; each K-major, or MN-major with kTransA / kTransB): the
+// warpgroup's 64 x 64 x 16 product, issued.
+template <bool kTransB = false, bool kTransA = false>
 __device__ __forceinline__ void mma_64x64x16(float (&d)[32], uint64_t a, uint64_t b, bool accumulate) {
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16\n" TG_WGMMA_D32_TEXT "%32, %33, p, 1, 1, 0, %35;\n}\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16\n" TG_WGMMA_D32_TEXT "%32, %33, p, 1, 1, %36, %35;\n}\n"
                : TG_WGMMA_D32_OPERANDS(d)
-               : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)), "n"(kTransB ? 1 : 0));
+               : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)), "n"(kTransB ? 1 : 0), "n"(kTransA ? 1 : 0));
 }
 
 // The same 128 wide: A 64 x 16 and B 128 x 16, d the 64 x 128 accumulators
 // (d[4j] .. d[4j + 3] as above, j < 16).
-template <bool kTransB = false>
+template <bool kTransB = false, bool kTransA = false>
 __device__ __forceinline__ void mma_64x128x16(float (&d)[64], uint64_t a, uint64_t b, bool accumulate) {
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16\n" TG_WGMMA_D64_TEXT "%64, %65, p, 1, 1, 0, %67;\n}\n"
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16\n" TG_WGMMA_D64_TEXT "%64, %65, p, 1, 1, %68, %67;\n}\n"
                : TG_WGMMA_D64_OPERANDS(d)
-               : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)), "n"(kTransB ? 1 : 0));
+               : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)), "n"(kTransB ? 1 : 0), "n"(kTransA ? 1 : 0));
 }
 
 // The same with A from registers: warp w's rows 16 w .. 16 w + 15 as

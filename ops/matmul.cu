@@ -359,19 +359,27 @@ struct AddSlices {
   }
 };
 
-// Whether a split group's product c [rows, cols] = A B over depth runs on
-// the warpgroup split GEMM (ops/matmul_warpgroup.cu): neither operand
-// transposed, sizes it takes, at least two of its CTAs (tiles of c) per
-// chunk of the k that each walks alone, on a device of compute capability
-// 9.0 (sm_90a code runs there alone), unless enable_warpgroup_gemm(false).
-// With fewer CTAs, cuBLAS (which splits k) was faster: on the H200 (session
-// 33, bench/split_gemm) dx = dqkv Wqkv (48 chunks) lost at 72 tiles (0.91x)
-// and won from 96 (1.11x), do = dy Wo (16 chunks) lost at 24 (0.86x) and
-// won from 48 (1.06x).
-bool uses_split_gemm(bool transpose_a, bool transpose_b, int64_t rows, int64_t cols, int64_t depth) {
+// How many stretches of k a split group's product c [rows, cols] = op(A)
+// op(B) over depth walks on the warpgroup split GEMM
+// (ops/matmul_warpgroup.cu), one CTA per tile of c and stretch; 0: cuBLAS's
+// k slices instead. The GEMM runs on a device of compute capability 9.0
+// (sm_90a code runs there alone), for sizes it takes, unless
+// enable_warpgroup_gemm(false), with at least two CTAs per chunk of k that
+// each walks. A weight gradient (A transposed: k = tokens against 64-192
+// tiles) splits k for that; the untransposed products (dx, do) do not, and
+// below it cuBLAS (which splits k) was faster: on the H200 (session 33,
+// bench/split_gemm) dx = dqkv Wqkv (48 chunks) lost at 72 tiles (0.91x) and
+// won from 96 (1.11x), do = dy Wo (16 chunks) lost at 24 (0.86x) and won
+// from 48 (1.06x).
+int split_gemm_splits(bool transpose_a, bool transpose_b, int64_t rows, int64_t cols, int64_t depth) {
+  if (!warpgroup_gemm_enabled() || context().major != 9 || context().minor != 0 ||
+      !split_gemm_fits(rows, cols, depth, transpose_a, transpose_b))
+    return 0;
   const int64_t tiles = (rows + kSplitGemmRows - 1) / kSplitGemmRows * (cols / kSplitGemmCols);
-  return !transpose_a && !transpose_b && split_gemm_fits(rows, cols, depth) && tiles >= 2 * (depth / kSplitGemmDepth) &&
-         warpgroup_gemm_enabled() && context().major == 9 && context().minor == 0;
+  const int64_t chunks = (depth + kSplitGemmDepth - 1) / kSplitGemmDepth;
+  if (!transpose_a) return tiles >= 2 * chunks ? 1 : 0;
+  const int64_t wanted = (2 * chunks + tiles - 1) / tiles, per_split = (chunks + wanted - 1) / wanted;
+  return static_cast<int>((chunks + per_split - 1) / per_split);  // as many, none left empty
 }
 
 }  // namespace
@@ -393,10 +401,12 @@ void GemmKernels<Device::CUDA>::gemm_fp16(const Fp16Group& group, int a, bool tr
   const HalfOperand a_hi = half_operand(A), b_hi = half_operand(B);
   const HalfOperand a_lo = split ? half_operand(group.lows[a]) : a_hi, b_lo = split ? half_operand(group.lows[b]) : b_hi;
   float* out = c.data<float>();
-  if (split && uses_split_gemm(transpose_a, transpose_b, n, m, k)) {
-    const Tensor b_transposed = empty({m * k}, {DType::Float32, Device::CUDA});  // 2 m k halves
-    launch_split_gemm_warpgroup({a_hi.values, a_lo.values, b_hi.values, b_lo.values, out, alpha, low_alpha, n, m, k,
-                                 reinterpret_cast<__half*>(b_transposed.data<float>())});
+  if (const int splits = split ? split_gemm_splits(transpose_a, transpose_b, n, m, k) : 0) {
+    // The stretches after the first into a workspace, added to c in order.
+    const Tensor partials = splits > 1 ? empty({(splits - 1) * n * m}, {DType::Float32, Device::CUDA}) : Tensor();
+    launch_split_gemm_warpgroup({a_hi.values, a_lo.values, b_hi.values, b_lo.values, transpose_a, transpose_b, out,
+                                 alpha, low_alpha, n, m, k, splits, splits > 1 ? partials.data<float>() : nullptr});
+    if (splits > 1) for_each("gemm_fp16", n * m, AddSlices{out, partials.data<float>(), splits - 1, n * m});
     return;
   }
   // A small c (the weight gradients, k = tokens; dx and dout up to 8192

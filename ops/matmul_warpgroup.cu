@@ -4,15 +4,17 @@
 //
 // A CTA computes a 128 x 128 tile of c, each of its two warpgroups 64 rows
 // of it with m64n128k16 products. Along k it walks stretches of 64 (a
-// chunk): A's hi and lo [128][64] and B's hi and lo [128 cols][64] (B
-// transposed first, so that both operands are K-major) copied by the TMA
-// kStages chunks ahead into wgmma's 128-byte swizzled K-major layout (one
-// 128-byte row per tile row), each stage's four boxes completing one
-// mbarrier. Per chunk and warpgroup: four hi hi products into a fresh
-// accumulator (a group of its own), then the eight cross products onto the
-// running cross sum (a second group); once the first group is done its
-// accumulator is added to the float running sum while the second still
-// runs. The end: c = alpha sum + low_alpha cross.
+// chunk): A's hi and lo (128 rows of c by 64 of k) and B's hi and lo (64 of
+// k by 128 columns of c), copied by the TMA kStages chunks ahead into
+// wgmma's 128-byte swizzled layouts, K-major where the operand is stored
+// with k contiguous and MN-major where it is stored k-strided
+// (`Operand`), each stage's boxes completing one mbarrier. Per chunk and
+// warpgroup: four hi hi products into a fresh accumulator (a group of its
+// own), then the eight cross products onto the running cross sum (a second
+// group); once the first group is done its accumulator is added to the
+// float running sum while the second still runs. The end: c = alpha sum +
+// low_alpha cross. With split k (blockIdx.z) a CTA walks its stretch of
+// the chunks and writes its partial c for the caller's ordered sum.
 //
 // Why not cuBLAS: its accumulation over k truncates in the tensor cores, so
 // the hi hi product had to go in k slices of 512, each a GEMM of its own
@@ -22,6 +24,8 @@
 // version staged with cp.async (16 bytes a thread, 8 rows x 64 bytes a
 // warp) and ran at 190-250 TFLOP/s, the L2 90% busy (version 25).
 #include "ops/matmul_warpgroup.h"
+
+#include <type_traits>
 
 #include "core/cuda_context.h"
 #include "core/error.h"
@@ -33,45 +37,74 @@ namespace tg::cuda {
 namespace {
 
 constexpr int kRows = kSplitGemmRows, kCols = kSplitGemmCols, kDepth = kSplitGemmDepth;
-constexpr int kThreads = 256, kStages = 3, kSteps = kDepth / 16;
-static_assert(kDepth * sizeof(__half) == 128, "a chunk's tile row is one 128-byte swizzled row");
-constexpr int kATile = kRows * kDepth, kBTile = kCols * kDepth;  // halves of one part
-constexpr int kStageHalves = 2 * (kATile + kBTile);              // hi and lo of A and B
+constexpr int kThreads = 256, kStages = 3, kSteps = kDepth / 16, kBox = 64;
+static_assert(kDepth * sizeof(__half) == 128 && kBox == kDepth, "a chunk's tile row is one 128-byte swizzled row");
+static_assert(kRows == kCols, "both operands' tiles are 128 wide");
+constexpr int kTile = kRows * kDepth;       // halves of one part of one operand's chunk
+constexpr int kStageHalves = 4 * kTile;     // hi and lo of A and B
 constexpr uint32_t kStageBytes = kStageHalves * sizeof(__half);
 constexpr size_t kSharedBytes = size_t(kStages) * kStageBytes + 1024 + kStages * sizeof(uint64_t);  // + alignment
 
-struct SplitGemmMaps {
-  CUtensorMap a_hi, a_lo, b_hi, b_lo;  // b: the transposed parts [cols, depth]
+// One operand's chunk: 128 rows or columns of c ("outer") by 64 of k, from
+// a matrix stored [outer][k] (kKContiguous: one 128 x 64 box, K-major) or
+// [k][outer] (two 64 x 64 boxes, MN-major), 128-byte swizzled either way.
+// In both the outer elements from `first` (a multiple of 64) start first x
+// 64 halves into the tile.
+template <bool kKContiguous>
+struct Operand {
+  using Layout = std::conditional_t<kKContiguous, wgmma::KMajor<wgmma::Swizzle::k128B>, wgmma::MnMajor128B>;
+  static CUtensorMap map(const __half* base, int64_t outer, int64_t depth, const char* op) {
+    return kKContiguous ? tma::encode_2d(base, outer, depth, kRows, kBox, op)
+                        : tma::encode_2d(base, depth, outer, kDepth, kBox, op);
+  }
+  __device__ static void load(__half* tile, const CUtensorMap& map, int k0, int outer0, uint64_t* bar) {
+    if constexpr (kKContiguous) {
+      tma::load_2d(tile, map, k0, outer0, bar);
+    } else {
+      for (int b = 0; b < kRows / kBox; ++b) tma::load_2d(tile + b * kBox * kDepth, map, outer0 + b * kBox, k0, bar);
+    }
+  }
+  // K-step s of the `width` outer elements from `first`.
+  __device__ static uint64_t product(const __half* tile, int first, int width, int s) {
+    return Layout::product(tile + first * kDepth, s, width, kDepth);
+  }
 };
 
-using Tile = wgmma::KMajor<wgmma::Swizzle::k128B>;
+struct SplitGemmMaps {
+  CUtensorMap a_hi, a_lo, b_hi, b_lo;
+};
 
+template <bool kTransposeA, bool kTransposeB>
 __global__ void __launch_bounds__(kThreads, 1)
     split_gemm_kernel(const __grid_constant__ SplitGemmMaps maps, const __grid_constant__ SplitGemm g) {
+  using A = Operand<!kTransposeA>;  // A stored [rows][depth] unless transposed
+  using B = Operand<kTransposeB>;   // B stored [depth][cols] unless transposed
   extern __shared__ unsigned char raw[];
   // The swizzled tiles need 1024-byte alignment; the barriers follow the stages.
   __half* stages = reinterpret_cast<__half*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
   uint64_t* full = reinterpret_cast<uint64_t*>(stages + kStages * kStageHalves);
   // blockIdx.x walks the columns: the CTAs resident at once share A's rows (read from DRAM about once).
   const int row0 = static_cast<int>(blockIdx.y) * kRows, col0 = static_cast<int>(blockIdx.x) * kCols;
-  const int chunks = static_cast<int>(g.depth / kDepth), warpgroup = static_cast<int>(threadIdx.x) / 128;
+  const int all_chunks = static_cast<int>((g.depth + kDepth - 1) / kDepth);  // k past depth arrives as zeros
+  const int per_split = (all_chunks + g.splits - 1) / g.splits, first_chunk = static_cast<int>(blockIdx.z) * per_split;
+  const int chunks = min(per_split, all_chunks - first_chunk);  // >= 1: the host's splits leave none empty
+  const int warpgroup = static_cast<int>(threadIdx.x) / 128;
   const auto stage_of = [&](int chunk) { return stages + (chunk % kStages) * kStageHalves; };
   const auto load = [&](int chunk) {  // by one thread
     __half* s = stage_of(chunk);
     uint64_t* bar = full + chunk % kStages;
     tma::arrive_expect_bytes(bar, kStageBytes);
-    const int k0 = chunk * kDepth;
-    tma::load_2d(s, maps.a_hi, k0, row0, bar);
-    tma::load_2d(s + kATile, maps.a_lo, k0, row0, bar);
-    tma::load_2d(s + 2 * kATile, maps.b_hi, k0, col0, bar);
-    tma::load_2d(s + 2 * kATile + kBTile, maps.b_lo, k0, col0, bar);
+    const int k0 = (first_chunk + chunk) * kDepth;
+    A::load(s, maps.a_hi, k0, row0, bar);
+    A::load(s + kTile, maps.a_lo, k0, row0, bar);
+    B::load(s + 2 * kTile, maps.b_hi, k0, col0, bar);
+    B::load(s + 3 * kTile, maps.b_lo, k0, col0, bar);
   };
   // Part p (0 hi, 1 lo) of the staged chunk's k-step s: this warpgroup's 64 rows of A, and B.
-  const auto a_desc = [&](const __half* s, int p, int step) {
-    return Tile::product(s + p * kATile + 64 * kDepth * warpgroup, step, 64, kDepth);
-  };
-  const auto b_desc = [&](const __half* s, int p, int step) {
-    return Tile::product(s + 2 * kATile + p * kBTile, step, kCols, kDepth);
+  const auto a_desc = [&](const __half* s, int p, int step) { return A::product(s + p * kTile, 64 * warpgroup, 64, step); };
+  const auto b_desc = [&](const __half* s, int p, int step) { return B::product(s + (2 + p) * kTile, 0, kCols, step); };
+  const auto mma = [](float(&d)[64], uint64_t a, uint64_t b, bool accumulate) {
+    wgmma::mma_64x128x16<B::Layout::kTransposed, A::Layout::kTransposed>(d, a, b, accumulate);
   };
 
   if (threadIdx.x == 0) {
@@ -91,12 +124,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     const __half* s = stage_of(c);
     wgmma::fence();
 #pragma unroll
-    for (int step = 0; step < kSteps; ++step) wgmma::mma_64x128x16(fresh, a_desc(s, 0, step), b_desc(s, 0, step), step > 0);
+    for (int step = 0; step < kSteps; ++step) mma(fresh, a_desc(s, 0, step), b_desc(s, 0, step), step > 0);
     wgmma::commit();
 #pragma unroll
     for (int step = 0; step < kSteps; ++step) {
-      wgmma::mma_64x128x16(cross, a_desc(s, 0, step), b_desc(s, 1, step), true);
-      wgmma::mma_64x128x16(cross, a_desc(s, 1, step), b_desc(s, 0, step), true);
+      mma(cross, a_desc(s, 0, step), b_desc(s, 1, step), true);
+      mma(cross, a_desc(s, 1, step), b_desc(s, 0, step), true);
     }
     wgmma::commit();
     wgmma::wait<1>();  // the hi hi group
@@ -107,12 +140,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // Accumulator d[4j + 2h + e] of thread (warp w, g = lane / 4, t = lane % 4) is (16 w + g + 8 h, 8 j + 2 t + e).
   const float alpha = *g.alpha, low_alpha = *g.low_alpha;
+  float* c = blockIdx.z == 0 ? g.c : g.partials + (blockIdx.z - 1) * g.rows * g.cols;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32 % 4;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int64_t row = row0 + 64 * warpgroup + 16 * warp + lane / 4 + 8 * h;
     if (row >= g.rows) continue;
-    float* out = g.c + row * g.cols + col0 + 2 * (lane % 4);
+    float* out = c + row * g.cols + col0 + 2 * (lane % 4);
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
       const int i = 4 * j + 2 * h;
@@ -122,45 +156,33 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-// to[part][n][k] = from[part][k][n] for B's two parts (blockIdx.z), 32 x 32 tiles through shared memory.
-constexpr int kTransposeTile = 32;
-struct TransposeArgs {
-  const __half* from[2];
-  __half* to;
-  int64_t depth, cols;
-};
-__global__ void __launch_bounds__(kTransposeTile * 8) transpose_parts_kernel(const __grid_constant__ TransposeArgs t) {
-  __shared__ __half tile[kTransposeTile][kTransposeTile + 2];
-  const __half* from = t.from[blockIdx.z];
-  __half* to = t.to + blockIdx.z * t.depth * t.cols;
-  const int64_t k0 = int64_t(blockIdx.y) * kTransposeTile, n0 = int64_t(blockIdx.x) * kTransposeTile;
-  const int x = threadIdx.x % kTransposeTile, y = threadIdx.x / kTransposeTile;
-  for (int r = y; r < kTransposeTile; r += 8) tile[r][x] = from[(k0 + r) * t.cols + n0 + x];
-  __syncthreads();
-  for (int r = y; r < kTransposeTile; r += 8) to[(n0 + r) * t.depth + k0 + x] = tile[x][r];
+template <bool kTransposeA, bool kTransposeB>
+void launch(const SplitGemm& g, const char* op) {
+  using A = Operand<!kTransposeA>;
+  using B = Operand<kTransposeB>;
+  const SplitGemmMaps maps{A::map(g.a_hi, g.rows, g.depth, op), A::map(g.a_lo, g.rows, g.depth, op),
+                           B::map(g.b_hi, g.cols, g.depth, op), B::map(g.b_lo, g.cols, g.depth, op)};
+  constexpr auto kernel = split_gemm_kernel<kTransposeA, kTransposeB>;
+  allow_shared_memory<kernel>(kSharedBytes, op);
+  const dim3 grid(static_cast<unsigned>(g.cols / kCols), static_cast<unsigned>((g.rows + kRows - 1) / kRows),
+                  static_cast<unsigned>(g.splits));
+  kernel<<<grid, kThreads, kSharedBytes, stream()>>>(maps, g);
+  check_launch(op);
 }
 
 }  // namespace
 
 void launch_split_gemm_warpgroup(const SplitGemm& g) {
   const char* op = "gemm_fp16";
-  TG_CHECK(split_gemm_fits(g.rows, g.cols, g.depth), "split_gemm (internal): sizes it does not take: ", g.rows, " x ",
-           g.depth, " @ ", g.depth, " x ", g.cols);
-  const int64_t row_tiles = (g.rows + kRows - 1) / kRows;
-  const TransposeArgs t{{g.b_hi, g.b_lo}, g.b_transposed, g.depth, g.cols};
-  transpose_parts_kernel<<<dim3(static_cast<unsigned>(g.cols / kTransposeTile),
-                                static_cast<unsigned>(g.depth / kTransposeTile), 2),
-                           kTransposeTile * 8, 0, stream()>>>(t);
-  check_launch(op);
-  const __half *b_hi = g.b_transposed, *b_lo = g.b_transposed + g.cols * g.depth;
-  const SplitGemmMaps maps{tma::encode_2d(g.a_hi, g.rows, g.depth, kRows, kDepth, op),
-                           tma::encode_2d(g.a_lo, g.rows, g.depth, kRows, kDepth, op),
-                           tma::encode_2d(b_hi, g.cols, g.depth, kCols, kDepth, op),
-                           tma::encode_2d(b_lo, g.cols, g.depth, kCols, kDepth, op)};
-  allow_shared_memory<split_gemm_kernel>(kSharedBytes, op);
-  const dim3 grid(static_cast<unsigned>(g.cols / kCols), static_cast<unsigned>(row_tiles));
-  split_gemm_kernel<<<grid, kThreads, kSharedBytes, stream()>>>(maps, g);
-  check_launch(op);
+  TG_CHECK(split_gemm_fits(g.rows, g.cols, g.depth, g.transpose_a, g.transpose_b), "split_gemm (internal): sizes it ",
+           "does not take: ", g.rows, " x ", g.depth, " @ ", g.depth, " x ", g.cols);
+  const int64_t chunks = (g.depth + kDepth - 1) / kDepth, per_split = (chunks + g.splits - 1) / g.splits;
+  TG_CHECK(g.splits >= 1 && g.splits <= 65535 && (g.splits - 1) * per_split < chunks && (g.splits == 1 || g.partials),
+           "split_gemm (internal): ", g.splits, " splits of ", chunks, " chunks leave one empty or have no partials");
+  if (!g.transpose_a && !g.transpose_b) launch<false, false>(g, op);
+  else if (!g.transpose_a) launch<false, true>(g, op);
+  else if (!g.transpose_b) launch<true, false>(g, op);
+  else launch<true, true>(g, op);
 }
 
 }  // namespace tg::cuda

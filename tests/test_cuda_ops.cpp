@@ -176,7 +176,8 @@ namespace tgtest {
 bool wgmma_supported();                                               // tests/wgmma_probe.cu
 // c = a b^T, 64 x 64 x k; layouts: 0 no swizzle, 1 A with the 128-byte swizzle, 2 B, 3 both,
 // 4 A from registers (B without swizzle), 5 A from registers (B swizzled); B MN-major (imm-trans-b):
-// 6 MnMajor, 7 the same with A from registers, 8 MnMajorOfRows, 9 the same with A from registers
+// 6 MnMajor, 7 the same with A from registers, 8 MnMajorOfRows, 9 the same with A from registers;
+// with the 128-byte swizzle, MnMajor128B: 10 B MN-major, 11 A MN-major (imm-trans-a)
 void wgmma_product(const float* a, const float* b, int k, int layouts, float* c);
 }  // namespace tgtest
 
@@ -186,8 +187,9 @@ void wgmma_product(const float* a, const float* b, int k, int layouts, float* c)
 // with NaN, and the accumulators start as NaN, which the first product must
 // overwrite. Each operand without swizzle or with the 128-byte swizzle, the
 // two also mixed (a K order wrong in one layout cannot cancel against the
-// same error in the other), A from registers (mma.sync's A fragment), and B
-// MN-major in both arrangements of core/wgmma.cuh.
+// same error in the other), A from registers (mma.sync's A fragment), B
+// MN-major in both arrangements of core/wgmma.cuh, and either operand
+// MN-major with the 128-byte swizzle (as the TMA lays out a [k][mn] box).
 // A wrong descriptor offset, layout, register map or accumulator map puts
 // values in the wrong place or sums the wrong ones.
 TEST_CASE("cuda/wgmma: a 64 x 64 product of exact values, every k step" *
@@ -196,7 +198,8 @@ TEST_CASE("cuda/wgmma: a 64 x 64 product of exact values, every k step" *
   std::uniform_int_distribution<int> eighths(-16, 16);
   for (const auto& [layouts, k] : std::vector<std::pair<int, int>>{{0, 16}, {0, 64}, {0, 128}, {1, 64}, {2, 128},
                                                                    {3, 64}, {3, 128}, {4, 64}, {5, 128},
-                                                                   {6, 64}, {7, 128}, {8, 64}, {9, 128}}) {
+                                                                   {6, 64}, {7, 128}, {8, 64}, {9, 128},
+                                                                   {10, 64}, {11, 128}}) {
     CAPTURE(layouts);
     CAPTURE(k);
     std::vector<double> av(64 * k), bv(64 * k);
@@ -405,38 +408,56 @@ TEST_CASE("cuda/gemm_fp16: a split group gives fp32's accuracy over a long k, ev
 }
 
 // The warpgroup split GEMM (ops/matmul_warpgroup.cu; gemm_fp16 runs it on
-// compute capability 9.0 for a split group's untransposed products with at
-// least two 128 x 128 tiles of c per 64-long chunk of k: here 328 tiles):
-// a partial last row tile, k of one chunk and of many, two magnitudes. Its error against fp64 (on the rows of
-// the first, a middle and the partial last tile) within 2x of cuBLAS's fp32
-// GEMM's, and 100x below one fp16 product's; every element (the output
+// compute capability 9.0 for a split group's products, with at least two
+// 128 x 128 tiles of c per 64-long chunk of k each CTA walks, splitting k
+// where A is transposed): every transpose, partial last row tiles, k of one
+// chunk, of many, not a multiple of 64 (the TMA's zeros past it), split
+// into 17 stretches or whole; two magnitudes. Its error against fp64 (on
+// the rows of the first, a middle and the last tile) within 2x of cuBLAS's
+// fp32 GEMM's, and 100x below one fp16 product's; every element (the output
 // poisoned with NaN) within 2^-16 of the largest of cuBLAS's split products
 // (enable_warpgroup_gemm(false)), which it must not equal bit for bit (else
 // the kernel did not run): a cross term lost or mis-scaled is 2^-11 off.
-TEST_CASE("cuda/gemm_fp16x3_warpgroup: the split GEMM kernel near fp32, every element written" *
+TEST_CASE("cuda/gemm_fp16x3_warpgroup: the split GEMM kernel near fp32, every transpose, every element written" *
           doctest::skip(kNoGpu || !tgtest::wgmma_supported())) {
   tg::manual_seed(52);
-  const int64_t rows = 40 * 128 + 77, cols = 1024;
-  const std::vector<std::pair<int64_t, int64_t>> checked = {{0, 128}, {17 * 128, 128}, {40 * 128, 77}};
-  for (const int64_t depth : {64, 1024, 3072})
+  struct Case {
+    bool ta, tb;
+    int64_t rows, cols, depth;
+  };
+  const Case cases[] = {{false, false, 40 * 128 + 77, 1024, 64},  {false, false, 40 * 128 + 77, 1024, 1024},
+                        {false, false, 40 * 128 + 77, 1024, 3072}, {false, true, 40 * 128 + 77, 1024, 1024},
+                        {true, false, 3 * 128 + 8, 256, 4133},    {true, true, 3 * 128 + 8, 256, 4136},
+                        {true, false, 1024, 1024, 2000}};
+  for (const Case& t : cases)
   for (const double magnitude : {1.0, 1e-9}) {
-    CAPTURE(depth);
+    CAPTURE(t.ta);
+    CAPTURE(t.tb);
+    CAPTURE(t.rows);
+    CAPTURE(t.depth);
     CAPTURE(magnitude);
-    const tg::Tensor a = tg::mul(tg::randn({rows, depth}), magnitude), b = tg::randn({depth, cols});
+    // Stored as gemm_fp16 reads them: A [rows, depth] or [depth, rows], B [depth, cols] or [cols, depth].
+    const tg::Tensor a = tg::mul(t.ta ? tg::randn({t.depth, t.rows}) : tg::randn({t.rows, t.depth}), magnitude);
+    const tg::Tensor b = t.tb ? tg::randn({t.cols, t.depth}) : tg::randn({t.depth, t.cols});
+    const auto op = [](const tg::Tensor& x, bool transposed) { return transposed ? x.transpose(0, 1) : x; };
     const tg::TensorOptions cuda32{tg::DType::Float32, tg::Device::CUDA};
     const tg::Tensor ag = a.cuda(), bg = b.cuda();
     const tg::Fp16Group split = tg::to_fp16_split({ag, bg});
-    const tg::Tensor c = tg::full({rows, cols}, std::nan(""), cuda32), cublas = tg::full({rows, cols}, std::nan(""), cuda32);
-    tg::gemm_fp16_into(split, 0, false, 1, false, c);
+    const tg::Tensor c = tg::full({t.rows, t.cols}, std::nan(""), cuda32);
+    const tg::Tensor cublas = tg::full({t.rows, t.cols}, std::nan(""), cuda32);
+    tg::gemm_fp16_into(split, 0, t.ta, 1, t.tb, c);
     tg::cuda::enable_warpgroup_gemm(false);
-    tg::gemm_fp16_into(split, 0, false, 1, false, cublas);
+    tg::gemm_fp16_into(split, 0, t.ta, 1, t.tb, cublas);
     tg::cuda::enable_warpgroup_gemm(true);
-    const tg::Tensor fp32 = tg::empty({rows, cols}, cuda32), fp16 = tg::full({rows, cols}, std::nan(""), cuda32);
-    tg::gemm_into("test", ag, bg, fp32, 0.0, tg::MatmulPrecision::Highest);
-    tg::gemm_fp16_into(tg::to_fp16({ag, bg}), 0, false, 1, false, fp16);
+    const tg::Tensor fp32 = tg::empty({t.rows, t.cols}, cuda32), fp16 = tg::full({t.rows, t.cols}, std::nan(""), cuda32);
+    tg::gemm_into("test", op(ag, t.ta), op(bg, t.tb), fp32, 0.0, tg::MatmulPrecision::Highest);
+    tg::gemm_fp16_into(tg::to_fp16({ag, bg}), 0, t.ta, 1, t.tb, fp16);
+    const int64_t last = (t.rows - 1) / 128 * 128;
+    const std::vector<std::pair<int64_t, int64_t>> checked = {{0, 128}, {last / 256 * 128, 128}, {last, t.rows - last}};
+    const tg::Tensor a64 = op(a, t.ta).to(tg::DType::Float64), b64 = op(b, t.tb).to(tg::DType::Float64);
     double err = 0, fp32_err = 0, cublas_err = 0, fp16_err = 0;
     for (const auto& [first, count] : checked) {
-      const tg::Tensor exact = tg::matmul(a.narrow(0, first, count).to(tg::DType::Float64), b.to(tg::DType::Float64));
+      const tg::Tensor exact = tg::matmul(a64.narrow(0, first, count), b64);
       const auto error_of = [&](const tg::Tensor& x) {
         return max_abs_diff(x.narrow(0, first, count).cpu().to(tg::DType::Float64), exact) / magnitude;
       };

@@ -18,6 +18,7 @@ namespace {
 constexpr int kTileRows = 64;
 using tg::cuda::wgmma::KMajor;
 using tg::cuda::wgmma::MnMajor;
+using tg::cuda::wgmma::MnMajor128B;
 using tg::cuda::wgmma::MnMajorOfRows;
 using tg::cuda::wgmma::Swizzle;
 using Plain = KMajor<Swizzle::kNone>;
@@ -61,7 +62,7 @@ __global__ void __launch_bounds__(128) wgmma_product_kernel(const float* a, cons
   for (int s = 0; s < kK / 16; ++s) {
     const uint64_t b_s = B::product(bs, s, kTileRows, kK);
     if constexpr (kARegs) wg::mma_64x64x16<B::kTransposed>(d, a_regs[s], b_s, s > 0);
-    else wg::mma_64x64x16<B::kTransposed>(d, A::product(as, s, kTileRows, kK), b_s, s > 0);
+    else wg::mma_64x64x16<B::kTransposed, A::kTransposed>(d, A::product(as, s, kTileRows, kK), b_s, s > 0);
   }
   wg::commit();
   wg::wait<0>();
@@ -93,7 +94,8 @@ bool wgmma_supported() {
 // layouts: 0 both without swizzle, 1 A swizzled, 2 B swizzled, 3 both (k a
 // multiple of 64 for a swizzled one); 4 A from registers, B without swizzle,
 // 5 A from registers, B swizzled; B MN-major (A without swizzle, or from
-// registers): 6 and 7 MnMajor, 8 and 9 MnMajorOfRows.
+// registers): 6 and 7 MnMajor, 8 and 9 MnMajorOfRows; with the 128-byte
+// swizzle (MnMajor128B): 10 B MN-major (A swizzled), 11 A MN-major (B swizzled).
 void wgmma_product(const float* a, const float* b, int k, int layouts, float* c) {
   const auto launch = [&](auto kernel) {
     kernel<<<1, 128, 0, tg::cuda::stream()>>>(a, b, c);
@@ -112,6 +114,8 @@ void wgmma_product(const float* a, const float* b, int k, int layouts, float* c)
   else if (layouts == 7 && k == 128) launch(wgmma_product_kernel<Plain, MnMajor, 128, true>);
   else if (layouts == 8 && k == 64) launch(wgmma_product_kernel<Plain, MnMajorOfRows, 64>);
   else if (layouts == 9 && k == 128) launch(wgmma_product_kernel<Plain, MnMajorOfRows, 128, true>);
+  else if (layouts == 10 && k == 64) launch(wgmma_product_kernel<Swizzled, MnMajor128B, 64>);
+  else if (layouts == 11 && k == 128) launch(wgmma_product_kernel<MnMajor128B, Swizzled, 128>);
   else TG_FAIL("wgmma_probe: no kernel for k = ", k, " with layouts ", layouts);
 }
 
