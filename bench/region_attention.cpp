@@ -22,16 +22,14 @@
 
 #include <CLI/CLI.hpp>
 
+#include "bench/cases.h"
 #include "bench/timing.h"
 #include "tests/attention_problem.h"
 
 namespace {
 
-struct Case {
-  int64_t S, B;
-};
-const Case kCases[] = {{128, 64}, {176, 16}, {211, 16}, {256, 64}, {288, 4},  {293, 32}, {352, 2},  {373, 1},
-                       {448, 8},  {449, 2},  {640, 4},  {691, 16}, {768, 2},  {773, 32}, {853, 1},  {1024, 1}};
+using tgbench::Case;
+using tgbench::kCases;
 
 struct Row {
   Case c;

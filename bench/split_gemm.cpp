@@ -14,6 +14,7 @@
 // the split form could reach at best); TFLOP/s count the three products.
 //
 // Usage: split_gemm [--json FILE]
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -22,6 +23,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "bench/cases.h"
 #include "bench/timing.h"
 #include "ops/matmul_kernels.h"
 
@@ -53,9 +55,10 @@ int main(int argc, char** argv) {
   };
   const Product products[] = {{"do = dy Wo", C, false}, {"dx = dqkv Wqkv", 3 * C, false},
                               {"dWo = dy^T o", C, true}, {"dWqkv = dqkv^T x", 3 * C, true}};
-  // B S of the spec's 16 cases, in order of size.
-  for (const int64_t tokens : {373, 704, 853, 898, 1024, 1152, 1536, 2560, 2816, 3376, 3584, 8192, 9376, 11056, 16384,
-                               24736})
+  std::vector<int64_t> token_counts;  // B S of the spec's 16 cases, in order of size
+  for (const tgbench::Case& c : tgbench::kCases) token_counts.push_back(c.B * c.S);
+  std::sort(token_counts.begin(), token_counts.end());
+  for (const int64_t tokens : token_counts)
     for (const Product& p : products) {
       const tg::Tensor a = tg::randn({tokens, p.a_cols}).cuda();
       const tg::Tensor b = tg::mul(tg::randn({p.weight ? tokens : p.a_cols, C}), 0.02).cuda();

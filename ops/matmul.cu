@@ -363,22 +363,28 @@ struct AddSlices {
 // op(B) over depth walks on the warpgroup split GEMM
 // (ops/matmul_warpgroup.cu), one CTA per tile of c and stretch; 0: cuBLAS's
 // k slices instead. The GEMM runs on a device of compute capability 9.0
-// (sm_90a code runs there alone), for sizes it takes, unless
+// (sm_90a code runs there alone), for sizes it takes and operands the TMA
+// can read (16-byte aligned parts) and c its float2 stores can write
+// (8-byte aligned: the C API's outputs may be any float pointer), unless
 // enable_warpgroup_gemm(false), with at least two CTAs per chunk of k that
 // each walks. A weight gradient (A transposed: k = tokens against 64-192
-// tiles) splits k for that; the untransposed products (dx, do) do not, and
-// below it cuBLAS (which splits k) was faster: on the H200 (session 33,
-// bench/split_gemm) dx = dqkv Wqkv (48 chunks) lost at 72 tiles (0.91x) and
-// won from 96 (1.11x), do = dy Wo (16 chunks) lost at 24 (0.86x) and won
-// from 48 (1.06x).
-int split_gemm_splits(bool transpose_a, bool transpose_b, int64_t rows, int64_t cols, int64_t depth) {
-  if (!warpgroup_gemm_enabled() || context().major != 9 || context().minor != 0 ||
-      !split_gemm_fits(rows, cols, depth, transpose_a, transpose_b))
+// tiles) splits k for that, into at most 8 waves of CTAs (which bounds its
+// workspace; the layer's largest case, 773/32, takes 960 CTAs); the
+// untransposed products (dx, do) do not, and below it cuBLAS (which splits
+// k) was faster: on the H200 (session 33, bench/split_gemm) dx = dqkv Wqkv
+// (48 chunks) lost at 72 tiles (0.91x) and won from 96 (1.11x), do = dy Wo
+// (16 chunks) lost at 24 (0.86x) and won from 48 (1.06x).
+int split_gemm_splits(const SplitGemm& g) {
+  const bool aligned = aligned16(g.a_hi) && aligned16(g.a_lo) && aligned16(g.b_hi) && aligned16(g.b_lo) &&
+                       reinterpret_cast<uintptr_t>(g.c) % 8 == 0;
+  if (!warpgroup_gemm_enabled() || context().major != 9 || context().minor != 0 || !aligned ||
+      !split_gemm_fits(g.rows, g.cols, g.depth, g.transpose_a, g.transpose_b))
     return 0;
-  const int64_t tiles = (rows + kSplitGemmRows - 1) / kSplitGemmRows * (cols / kSplitGemmCols);
-  const int64_t chunks = (depth + kSplitGemmDepth - 1) / kSplitGemmDepth;
-  if (!transpose_a) return tiles >= 2 * chunks ? 1 : 0;
-  const int64_t wanted = (2 * chunks + tiles - 1) / tiles, per_split = (chunks + wanted - 1) / wanted;
+  const int64_t tiles = (g.rows + kSplitGemmRows - 1) / kSplitGemmRows * (g.cols / kSplitGemmCols);
+  const int64_t chunks = (g.depth + kSplitGemmDepth - 1) / kSplitGemmDepth;
+  if (!g.transpose_a) return tiles >= 2 * chunks ? 1 : 0;
+  const int64_t wanted = std::min((2 * chunks + tiles - 1) / tiles, std::max<int64_t>(1, 8 * context().sm_count / tiles));
+  const int64_t per_split = (chunks + wanted - 1) / wanted;
   return static_cast<int>((chunks + per_split - 1) / per_split);  // as many, none left empty
 }
 
@@ -401,12 +407,15 @@ void GemmKernels<Device::CUDA>::gemm_fp16(const Fp16Group& group, int a, bool tr
   const HalfOperand a_hi = half_operand(A), b_hi = half_operand(B);
   const HalfOperand a_lo = split ? half_operand(group.lows[a]) : a_hi, b_lo = split ? half_operand(group.lows[b]) : b_hi;
   float* out = c.data<float>();
-  if (const int splits = split ? split_gemm_splits(transpose_a, transpose_b, n, m, k) : 0) {
+  SplitGemm g{a_hi.values, a_lo.values, b_hi.values, b_lo.values, transpose_a, transpose_b, out, alpha, low_alpha,
+              n, m, k};
+  g.splits = split ? split_gemm_splits(g) : 0;
+  if (g.splits > 0) {
     // The stretches after the first into a workspace, added to c in order.
-    const Tensor partials = splits > 1 ? empty({(splits - 1) * n * m}, {DType::Float32, Device::CUDA}) : Tensor();
-    launch_split_gemm_warpgroup({a_hi.values, a_lo.values, b_hi.values, b_lo.values, transpose_a, transpose_b, out,
-                                 alpha, low_alpha, n, m, k, splits, splits > 1 ? partials.data<float>() : nullptr});
-    if (splits > 1) for_each("gemm_fp16", n * m, AddSlices{out, partials.data<float>(), splits - 1, n * m});
+    const Tensor partials = g.splits > 1 ? empty({(g.splits - 1) * n * m}, {DType::Float32, Device::CUDA}) : Tensor();
+    if (g.splits > 1) g.partials = partials.data<float>();
+    launch_split_gemm_warpgroup(g);
+    if (g.splits > 1) for_each("gemm_fp16", n * m, AddSlices{out, g.partials, g.splits - 1, n * m});
     return;
   }
   // A small c (the weight gradients, k = tokens; dx and dout up to 8192

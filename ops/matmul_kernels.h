@@ -125,19 +125,21 @@ Fp16Group to_fp16_with_head_dots(const Tensor& x, const Fp16HeadDots& dots, bool
 // all NaN (its low part is Inf - Inf), where fp32 gives NaN or +-Inf; of b,
 // its column; no other element changes (the scales ignore non-finite values).
 // The tensor cores truncate their fp32 accumulation, an
-// error that grows with k and has a sign, so hi hi goes in slices of at most
-// kFp16SplitSlice along k, each a fresh accumulation added to c in fp32
-// (2.5-3.8x fp32 FMA's error against fp64 at k = 2952; with slices of 1024,
-// 4.4-5x at k = 5000; bench/NOTES.md); the cross terms, 2^-11 smaller, go
-// whole.
+// error that grows with k and has a sign, so hi hi is added up in fresh
+// accumulations along k, each added to c in fp32; the cross terms, 2^-11
+// smaller, go whole. On compute capability 9.0 the warpgroup split GEMM
+// (ops/matmul_warpgroup.h) does so in registers, 64 of k at a time (0.16-0.83x
+// cuBLAS's fp32 GEMM's error against fp64 at k up to 4136); elsewhere, and where it
+// would leave SMs idle, cuBLAS GEMMs in slices of kFp16SplitSlice (2.5-3.8x
+// at k = 2952; with slices of 1024, 4.4-5x at k = 5000; bench/NOTES.md).
 Fp16Group to_fp16_split(const std::vector<Tensor>& xs);
 constexpr int64_t kFp16SplitSlice = 512;
 // A product with at most kFp16BatchedSliceElements outputs runs its hi hi
 // slices kFp16BatchedSlices at a time as one batched GEMM into a workspace
 // (at most 8 x 32 MiB), added to c in slice order: the same additions in the
 // same order (alpha is a power of two; within a slice cuBLAS may pick another
-// kernel). In the layer's backward: the weight gradients, and dx and dout
-// when tokens <= 8192.
+// kernel). In the layer's backward where the split GEMM does not run: the
+// weight gradients, and dx and dout when tokens <= 8192.
 constexpr int64_t kFp16BatchedSlices = 8, kFp16BatchedSliceElements = int64_t(1) << 23;
 // to_fp16 (to_fp16_split with split) in two steps, for a conversion queued
 // where nothing may be allocated (a cuda::Fork's side work): fp16_group
@@ -147,9 +149,14 @@ Fp16Group fp16_group(const std::vector<Tensor>& xs, bool split = false);
 void convert_to_fp16(const std::vector<Tensor>& xs, const Fp16Group& group);
 // Untracked, CUDA: c = op(A) @ op(B) for matrices a and b of the group, op(x) =
 // x^T where transposed; fp32 accumulation and output, c [n, m] contiguous.
-// With a split group (to_fp16_split): the cross terms, then hi hi by k slices;
-// with at most kFp16BatchedSliceElements outputs and more than one slice, the
-// slices go through a workspace of up to 8 outputs' size (256 MiB at most),
+// With a split group (to_fp16_split): on compute capability 9.0 the
+// warpgroup split GEMM where it takes the sizes (ops/matmul.cu,
+// split_gemm_splits), with k split for a weight gradient (its stretches
+// after the first in a workspace of at most 8 waves of 128 x 128 tiles,
+// 66 MiB on an H200); else
+// the cross terms, then hi hi by k slices, with at most
+// kFp16BatchedSliceElements outputs and more than one slice through a
+// workspace of up to 8 outputs' size (256 MiB at most). Workspaces are
 // allocated here: not for a cuda::Fork's side work, where nothing may be.
 void gemm_fp16_into(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b, const Tensor& c);
 // The same into a new float32 c [n, m].
