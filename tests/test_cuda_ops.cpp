@@ -414,7 +414,8 @@ TEST_CASE("cuda/gemm_fp16: a split group gives fp32's accuracy over a long k, ev
 // 128 x 128 tiles of c per 64-long chunk of k each CTA walks, splitting k
 // where A is transposed): every transpose, partial last row tiles, k of one
 // chunk, of many, not a multiple of 64 (the TMA's zeros past it), split
-// into 17 stretches or whole; two magnitudes. The 8200 x 1024 case has
+// into 17 stretches or whole, fewer rows than one tile and an odd number of
+// column tiles; two magnitudes. The 8200 x 1024 case has
 // more than kFp16BatchedSliceElements outputs: cuBLAS's side runs its
 // beta = 1 slice loop. Its error against fp64 (on
 // the rows of the first, a middle and the last tile) within 2x of cuBLAS's
@@ -432,7 +433,8 @@ TEST_CASE("cuda/gemm_fp16x3_warpgroup: the split GEMM kernel near fp32, every tr
   const Case cases[] = {{false, false, 40 * 128 + 77, 1024, 64},  {false, false, 40 * 128 + 77, 1024, 1024},
                         {false, false, 40 * 128 + 77, 1024, 3072}, {false, true, 40 * 128 + 77, 1024, 1024},
                         {true, false, 3 * 128 + 8, 256, 4133},    {true, true, 3 * 128 + 8, 256, 4136},
-                        {true, false, 1024, 1024, 2000},          {false, false, 8200, 1024, 1024}};
+                        {true, false, 1024, 1024, 2000},          {false, false, 8200, 1024, 1024},
+                        {false, false, 100, 384, 64}};
   static_assert(8200 * 1024 > tg::kFp16BatchedSliceElements);
   struct CublasSplitProducts {  // for a scope, restored however it ends
     CublasSplitProducts() { tg::cuda::enable_warpgroup_gemm(false); }
@@ -463,7 +465,9 @@ TEST_CASE("cuda/gemm_fp16x3_warpgroup: the split GEMM kernel near fp32, every tr
     tg::gemm_into("test", op(ag, t.ta), op(bg, t.tb), fp32, 0.0, tg::MatmulPrecision::Highest);
     tg::gemm_fp16_into(tg::to_fp16({ag, bg}), 0, t.ta, 1, t.tb, fp16);
     const int64_t last = (t.rows - 1) / 128 * 128;
-    const std::vector<std::pair<int64_t, int64_t>> checked = {{0, 128}, {last / 256 * 128, 128}, {last, t.rows - last}};
+    const int64_t middle = last / 256 * 128;
+    const std::vector<std::pair<int64_t, int64_t>> checked = {
+        {0, std::min<int64_t>(128, t.rows)}, {middle, std::min<int64_t>(128, t.rows - middle)}, {last, t.rows - last}};
     const tg::Tensor a64 = op(a, t.ta).to(tg::DType::Float64), b64 = op(b, t.tb).to(tg::DType::Float64);
     double err = 0, fp32_err = 0, cublas_err = 0, fp16_err = 0;
     for (const auto& [first, count] : checked) {
