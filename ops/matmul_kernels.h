@@ -128,10 +128,11 @@ Fp16Group to_fp16_with_head_dots(const Tensor& x, const Fp16HeadDots& dots, bool
 // error that grows with k and has a sign, so hi hi is added up in fresh
 // accumulations along k, each added to c in fp32; the cross terms, 2^-11
 // smaller, go whole. On compute capability 9.0 the warpgroup split GEMM
-// (ops/matmul_warpgroup.h) does so in registers, 64 of k at a time (0.16-0.83x
-// cuBLAS's fp32 GEMM's error against fp64 at k up to 4136); elsewhere, and where it
-// would leave SMs idle, cuBLAS GEMMs in slices of kFp16SplitSlice (2.5-3.8x
-// at k = 2952; with slices of 1024, 4.4-5x at k = 5000; bench/NOTES.md).
+// (ops/matmul_warpgroup.h) does so in registers, 64 of k at a time
+// (0.16-0.83x cuBLAS's fp32 GEMM's error against fp64 at k up to 4136);
+// elsewhere, and where it would leave SMs idle, cuBLAS GEMMs in slices of
+// kFp16SplitSlice (2.5-3.8x at k = 2952; with slices of 1024, 4.4-5x at
+// k = 5000; bench/NOTES.md).
 Fp16Group to_fp16_split(const std::vector<Tensor>& xs);
 constexpr int64_t kFp16SplitSlice = 512;
 // A product with at most kFp16BatchedSliceElements outputs runs its hi hi
@@ -153,10 +154,9 @@ void convert_to_fp16(const std::vector<Tensor>& xs, const Fp16Group& group);
 // warpgroup split GEMM where it takes the sizes (ops/matmul.cu,
 // split_gemm_splits), with k split for a weight gradient (its stretches
 // after the first in a workspace of at most 8 waves of 128 x 128 tiles,
-// 66 MiB on an H200); else
-// the cross terms, then hi hi by k slices, with at most
-// kFp16BatchedSliceElements outputs and more than one slice through a
-// workspace of up to 8 outputs' size (256 MiB at most). Workspaces are
+// 66 MiB on an H200); else the cross terms, then hi hi by k slices, with
+// at most kFp16BatchedSliceElements outputs and more than one slice through
+// a workspace of up to 8 outputs' size (256 MiB at most). Workspaces are
 // allocated here: not for a cuda::Fork's side work, where nothing may be.
 void gemm_fp16_into(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b, const Tensor& c);
 // The same into a new float32 c [n, m].

@@ -415,9 +415,9 @@ TEST_CASE("cuda/gemm_fp16: a split group gives fp32's accuracy over a long k, ev
 // where A is transposed): every transpose, partial last row tiles, k of one
 // chunk, of many, not a multiple of 64 (the TMA's zeros past it), split
 // into 17 stretches or whole, fewer rows than one tile and an odd number of
-// column tiles; two magnitudes. The 8200 x 1024 case has
-// more than kFp16BatchedSliceElements outputs: cuBLAS's side runs its
-// beta = 1 slice loop. Its error against fp64 (on
+// column tiles; two magnitudes. The 8200 x 1024 case has more than
+// kFp16BatchedSliceElements outputs: cuBLAS's side runs its beta = 1 slice
+// loop. Its error against fp64 (on
 // the rows of the first, a middle and the last tile) within 2x of cuBLAS's
 // fp32 GEMM's, and 100x below one fp16 product's; every element (the output
 // poisoned with NaN) within 2^-16 of the largest of cuBLAS's split products
