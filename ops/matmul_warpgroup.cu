@@ -1,6 +1,6 @@
 // The "highest" split GEMM on Hopper's warpgroup MMA (declared in
 // ops/matmul_warpgroup.h; built for sm_90a, chosen by ops/matmul.cu's
-// gemm_fp16 on compute capability 9.0). bench/NOTES.md version 25.
+// gemm_fp16 on compute capability 9.0). bench/NOTES.md versions 25 and 26.
 //
 // A CTA computes a 128 x 128 tile of c, each of its two warpgroups 64 rows
 // of it with m64n128k16 products. Along k it walks stretches of 64 (a
