@@ -47,7 +47,6 @@ int main(int argc, char** argv) {
   tgbench::Timer timer;
   const int64_t C = 1024;
   std::vector<Row> rows;
-  // B S of the spec's 16 cases, in order of size.
   struct Product {
     const char* name;
     int64_t a_cols;  // A [T, a_cols]

@@ -120,8 +120,8 @@ void enable_warpgroup_attention(bool on);
 bool warpgroup_attention_enabled();
 
 // The same for the "highest" projections' split GEMM (gemm_fp16 of a split
-// group, neither operand transposed, on compute capability 9.0): on by
-// default; off, cuBLAS's fp16 GEMMs in k slices run everywhere.
+// group on compute capability 9.0, ops/matmul_warpgroup.cu): on by default;
+// off, cuBLAS's fp16 GEMMs in k slices run everywhere.
 void enable_warpgroup_gemm(bool on);
 bool warpgroup_gemm_enabled();
 

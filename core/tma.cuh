@@ -12,11 +12,11 @@
 
 #include <cstdint>
 
+#include "core/async_copy.cuh"
+
 namespace tg::cuda::tma {
 
-__device__ __forceinline__ uint32_t shared_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+using async::shared_address;
 
 // An mbarrier that completes once `arrivals` threads arrived and every byte
 // announced to it (expect_bytes) has landed.

@@ -164,35 +164,28 @@ __device__ __forceinline__ void wait() {
 }
 
 // The accumulators of a 64 x 64 (32 of them) or 64 x 128 (64) product as
-// asm operands %0 .. %31 or %0 .. %63.
-#define TG_WGMMA_D32_TEXT                       \
-  "{%0, %1, %2, %3, %4, %5, %6, %7,\n"          \
-  " %8, %9, %10, %11, %12, %13, %14, %15,\n"    \
-  " %16, %17, %18, %19, %20, %21, %22, %23,\n"  \
-  " %24, %25, %26, %27, %28, %29, %30, %31},\n"
-#define TG_WGMMA_D32_OPERANDS(d)                                                                          \
-  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),         \
-  "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),   \
-  "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-  "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-#define TG_WGMMA_D64_TEXT                       \
-  "{%0, %1, %2, %3, %4, %5, %6, %7,\n"          \
-  " %8, %9, %10, %11, %12, %13, %14, %15,\n"    \
-  " %16, %17, %18, %19, %20, %21, %22, %23,\n"  \
-  " %24, %25, %26, %27, %28, %29, %30, %31,\n"  \
-  " %32, %33, %34, %35, %36, %37, %38, %39,\n"  \
-  " %40, %41, %42, %43, %44, %45, %46, %47,\n"  \
-  " %48, %49, %50, %51, %52, %53, %54, %55,\n"  \
+// asm operands %0 .. %31 or %0 .. %63: their names in the instruction's
+// text, and d[i] .. d[i + 7] as read-write operands.
+#define TG_WGMMA_D32_NAMES                    \
+  "%0, %1, %2, %3, %4, %5, %6, %7,\n"         \
+  " %8, %9, %10, %11, %12, %13, %14, %15,\n"  \
+  " %16, %17, %18, %19, %20, %21, %22, %23,\n" \
+  " %24, %25, %26, %27, %28, %29, %30, %31"
+#define TG_WGMMA_D32_TEXT "{" TG_WGMMA_D32_NAMES "},\n"
+#define TG_WGMMA_D64_TEXT                                      \
+  "{" TG_WGMMA_D32_NAMES                                       \
+  ",\n %32, %33, %34, %35, %36, %37, %38, %39,\n"              \
+  " %40, %41, %42, %43, %44, %45, %46, %47,\n"                 \
+  " %48, %49, %50, %51, %52, %53, %54, %55,\n"                 \
   " %56, %57, %58, %59, %60, %61, %62, %63},\n"
-#define TG_WGMMA_D64_OPERANDS(d)                                                                          \
-  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),         \
-  "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),   \
-  "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-  "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
-  "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
-  "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
-  "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-  "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+#define TG_WGMMA_D8_OPERANDS(d, i)                                                                                 \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), \
+      "+f"(d[i + 7])
+#define TG_WGMMA_D32_OPERANDS(d) \
+  TG_WGMMA_D8_OPERANDS(d, 0), TG_WGMMA_D8_OPERANDS(d, 8), TG_WGMMA_D8_OPERANDS(d, 16), TG_WGMMA_D8_OPERANDS(d, 24)
+#define TG_WGMMA_D64_OPERANDS(d)                                                                                 \
+  TG_WGMMA_D32_OPERANDS(d), TG_WGMMA_D8_OPERANDS(d, 32), TG_WGMMA_D8_OPERANDS(d, 40), TG_WGMMA_D8_OPERANDS(d, 48), \
+      TG_WGMMA_D8_OPERANDS(d, 56)
 
 // d = A B^T (+ d where accumulate) for A 64 x 16 and B 64 x 16 (descriptors
 // a and b; each K-major, or MN-major with kTransA / kTransB): the
@@ -230,10 +223,12 @@ __device__ __forceinline__ void mma_64x64x16(float (&d)[32], const uint32_t (&a)
                  "n"(kTransB ? 1 : 0));
 }
 
+#undef TG_WGMMA_D32_NAMES
 #undef TG_WGMMA_D32_TEXT
 #undef TG_WGMMA_D32_OPERANDS
 #undef TG_WGMMA_D64_TEXT
 #undef TG_WGMMA_D64_OPERANDS
+#undef TG_WGMMA_D8_OPERANDS
 
 }  // namespace tg::cuda::wgmma
 

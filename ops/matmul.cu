@@ -363,11 +363,9 @@ struct AddSlices {
 // op(B) over depth walks on the warpgroup split GEMM
 // (ops/matmul_warpgroup.cu), one CTA per tile of c and stretch; 0: cuBLAS's
 // k slices instead. The GEMM runs on a device of compute capability 9.0
-// (sm_90a code runs there alone), for sizes it takes and operands the TMA
-// can read (16-byte aligned parts) and c its float2 stores can write
-// (8-byte aligned: the C API's outputs may be any float pointer), unless
-// enable_warpgroup_gemm(false), with at least two CTAs per chunk of k that
-// each walks. A weight gradient (A transposed: k = tokens against 64-192
+// (sm_90a code runs there alone), for products it takes (sizes and
+// alignment: split_gemm_takes), unless enable_warpgroup_gemm(false), with
+// at least two CTAs per chunk of k that each walks. A weight gradient (A transposed: k = tokens against 64-192
 // tiles) splits k for that, into at most 8 waves of CTAs (which bounds its
 // workspace; the layer's largest case, 773/32, takes 960 CTAs); the
 // untransposed products (dx, do) do not, and below it cuBLAS (which splits
@@ -375,11 +373,7 @@ struct AddSlices {
 // (48 chunks) lost at 72 tiles (0.91x) and won from 96 (1.11x), do = dy Wo
 // (16 chunks) lost at 24 (0.86x) and won from 48 (1.06x).
 int split_gemm_splits(const SplitGemm& g) {
-  const bool aligned = aligned16(g.a_hi) && aligned16(g.a_lo) && aligned16(g.b_hi) && aligned16(g.b_lo) &&
-                       reinterpret_cast<uintptr_t>(g.c) % 8 == 0;
-  if (!warpgroup_gemm_enabled() || context().major != 9 || context().minor != 0 || !aligned ||
-      !split_gemm_fits(g.rows, g.cols, g.depth, g.transpose_a, g.transpose_b))
-    return 0;
+  if (!warpgroup_gemm_enabled() || context().major != 9 || context().minor != 0 || !split_gemm_takes(g)) return 0;
   const int64_t tiles = (g.rows + kSplitGemmRows - 1) / kSplitGemmRows * (g.cols / kSplitGemmCols);
   const int64_t chunks = (g.depth + kSplitGemmDepth - 1) / kSplitGemmDepth;
   if (!g.transpose_a) return tiles >= 2 * chunks ? 1 : 0;

@@ -174,8 +174,8 @@ void launch(const SplitGemm& g, const char* op) {
 
 void launch_split_gemm_warpgroup(const SplitGemm& g) {
   const char* op = "gemm_fp16";
-  TG_CHECK(split_gemm_fits(g.rows, g.cols, g.depth, g.transpose_a, g.transpose_b), "split_gemm (internal): sizes it ",
-           "does not take: ", g.rows, " x ", g.depth, " @ ", g.depth, " x ", g.cols);
+  TG_CHECK(split_gemm_takes(g), "split_gemm (internal): a product it does not take: ", g.rows, " x ", g.depth, " @ ",
+           g.depth, " x ", g.cols, " (sizes or alignment)");
   const int64_t chunks = (g.depth + kDepth - 1) / kDepth, per_split = (chunks + g.splits - 1) / g.splits;
   TG_CHECK(g.splits >= 1 && g.splits <= 65535 && (g.splits - 1) * per_split < chunks && (g.splits == 1 || g.partials),
            "split_gemm (internal): ", g.splits, " splits of ", chunks, " chunks leave one empty or have no partials");

@@ -33,15 +33,18 @@ struct SplitGemm {
 // The tile sizes: c in tiles of kSplitGemmRows x kSplitGemmCols, k in chunks of kSplitGemmDepth.
 constexpr int64_t kSplitGemmRows = 128, kSplitGemmCols = 128, kSplitGemmDepth = 64;
 
-// Whether the kernel takes these sizes: cols a multiple of kSplitGemmCols,
-// each stored row a multiple of 16 bytes (8 halves), rows and depth within
-// the grid's and the TMA's coordinates (the parts' bases 16-byte aligned,
-// as allocations are).
-inline bool split_gemm_fits(int64_t rows, int64_t cols, int64_t depth, bool transpose_a, bool transpose_b) {
-  const bool depth_rows = !transpose_a || transpose_b;  // a stored row of depth halves
-  return rows > 0 && depth > 0 && cols % kSplitGemmCols == 0 && (!transpose_a || rows % 8 == 0) &&
-         (!depth_rows || depth % 8 == 0) && (rows + kSplitGemmRows - 1) / kSplitGemmRows <= 65535 &&
-         rows <= INT32_MAX && depth <= INT32_MAX;
+// Whether the kernel takes the product: cols a multiple of kSplitGemmCols,
+// rows and depth within the grid's and the TMA's coordinates, what the TMA
+// reads 16-byte aligned (the parts' bases and their stored rows: 8 halves)
+// and c 8-byte aligned (float2 stores; the C API's outputs may be any float
+// pointer).
+inline bool split_gemm_takes(const SplitGemm& g) {
+  const auto aligned = [](const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
+  const bool depth_rows = !g.transpose_a || g.transpose_b;  // a stored row of depth halves
+  return g.rows > 0 && g.depth > 0 && g.cols % kSplitGemmCols == 0 && (!g.transpose_a || g.rows % 8 == 0) &&
+         (!depth_rows || g.depth % 8 == 0) && (g.rows + kSplitGemmRows - 1) / kSplitGemmRows <= 65535 &&
+         g.rows <= INT32_MAX && g.depth <= INT32_MAX && aligned(g.a_hi, 16) && aligned(g.a_lo, 16) &&
+         aligned(g.b_hi, 16) && aligned(g.b_lo, 16) && aligned(g.c, 8);
 }
 
 void launch_split_gemm_warpgroup(const SplitGemm& g);
