@@ -76,6 +76,8 @@ int main(int argc, char** argv) {
   app.add_option("--cases", n_cases, "run only the first N cases")->check(CLI::Range(size_t(1), n_cases));
   app.add_option("--case", only, "run only these cases (1 = the first)")->check(CLI::Range(size_t(1), n_cases));
   app.add_flag("--high-only", high_only, "time fused \"high\" alone (for profiling)");
+  bool fused_only = false;
+  app.add_flag("--fused-only", fused_only, "time fused \"high\" and \"highest\", not the decomposed graph");
   bool mma_sync = false;
   app.add_flag("--mma-sync", mma_sync,
                "the mma.sync backward kernels where the warpgroup-MMA ones would run (compute capability 9.0)");
@@ -106,6 +108,8 @@ int main(int argc, char** argv) {
     Row r{c, floor_us(c, ceil), fused(tg::MatmulPrecision::High), 1e3 * timer.host_ms(), 0, 0};
     if (!high_only) {
       r.highest_us = fused(tg::MatmulPrecision::Highest);
+    }
+    if (!high_only && !fused_only) {
       const DecomposedGraph g = decomposed_graph(in, spec.p);
       r.decomposed_us = 1e3 * timer.median_ms([&] { g.y.backward(in.grad_output, /*retain_graph=*/true); },
                                               [&] {

@@ -600,19 +600,26 @@ LayerDims check_backward_args(const BackwardInputs& in, const Gradients& out) {
   return {B, S, C, H, D, M};
 }
 
-// The layer's projection GEMMs over three matrices (dy, o, Wo, then dqkv, x,
-// Wqkv): c = op(m_a) @ op(m_b), op(m) = m^T where transposed. On CUDA
-// (float32) on fp16 tensor cores, the three converted together: at "high"
-// to_fp16 (TF32's mantissa at twice TF32's rate), at "highest" to_fp16_split
-// (three fp16 products: fp32's accuracy in about 1.5 times a TF32 GEMM's
-// time); else one GEMM each at `precision`.
+// The layer's projection GEMMs over three matrices (dy, o, Wo; x, Wqkv,
+// dqkv): c = op(m_a) @ op(m_b), op(m) = m^T where transposed. On CUDA
+// (float32) on fp16 tensor cores, the matrices converted by convert() into
+// one group, at once or in parts: at "high" to_fp16's form (TF32's mantissa
+// at twice TF32's rate), at "highest" to_fp16_split's (three fp16 products:
+// fp32's accuracy in about 1.5 times a TF32 GEMM's time); else one GEMM each
+// at `precision`.
 class Projections {
  public:
   Projections(std::vector<Tensor> matrices, MatmulPrecision precision)
       : matrices_(std::move(matrices)), precision_(precision) {
     const Tensor& x = matrices_[0];
     if (x.is_cuda() && x.dtype() == DType::Float32)
-      half_ = precision == MatmulPrecision::High ? to_fp16(matrices_) : to_fp16_split(matrices_);
+      half_ = fp16_group(matrices_, precision == MatmulPrecision::Highest);
+  }
+  // Matrices first .. last - 1, after any before them; allocates nothing
+  // (a cuda::Fork's side work may run it).
+  void convert(int first, int last) const {
+    if (half_.matrices.empty()) return;
+    convert_to_fp16({matrices_.begin() + first, matrices_.begin() + last}, half_, first);
   }
   void into(const Tensor& c, int a, bool transpose_a, int b, bool transpose_b) const {
     if (!half_.matrices.empty()) return gemm_fp16_into(half_, a, transpose_a, b, transpose_b, c);
@@ -660,19 +667,28 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
   const std::vector<Tensor> qkv_rows = {in.query.view({rows, L.D}), in.key.view({rows, L.D}), in.value.view({rows, L.D})};
   if (x.is_cuda() && rows > 0) core.qkv_half = fp16_group(qkv_rows, split);
 
-  // The fills of what the core adds to, and q, k, v's conversion, run beside
-  // the out-projection (on a second CUDA stream): none of them waits for it.
+  // qkv = x Wqkv^T + bqkv:  dWqkv = dqkv^T x, dx = dqkv Wqkv. x and Wqkv are
+  // converted beside the out-projection, dqkv once the core has written it.
+  enum { kX, kWqkv, kDqkv };
+  const Projections qkv_proj({rows_view(x, L.C), in.qkv_weight, rows_view(dqkv, 3 * L.C)}, precision);
+  const Tensor bias_scratch = empty({bias_sums_scratch(L.B, L.S, L.C)}, opts);
+
+  // The fills of what the core adds to, and the conversions of q, k, v, x
+  // and Wqkv, run beside the out-projection (on a second CUDA stream): none
+  // of them waits for it.
   cuda::Fork beside(x.is_cuda());
   beside.run([&] {
     zero_qkv_gradient(dqkv, g);
     zero_edit_bias_gradient(g.dE, core.d);
     fill_into(sums, 0.0);
     if (!core.qkv_half.matrices.empty()) convert_to_fp16(qkv_rows, core.qkv_half);
+    qkv_proj.convert(kX, kDqkv);
   });
 
   // y = o Wo^T + bo:  dWo = dy^T o, do = dy Wo (dbo, the column sums of dy, with the other biases below).
   enum { kDy, kO, kWo };
   const Projections out_proj({dy, o, in.out_weight}, precision);
+  out_proj.convert(kDy, kWo + 1);
   out_proj.into(out.out_weight, kDy, true, kO, false);
   const Tensor dout = empty({L.B, L.S, L.C}, opts);
   out_proj.into(rows_view(dout, L.C), kDy, false, kWo, false);
@@ -685,14 +701,16 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
   // dbqkv from fp32 sums, not from the tensor-core dq, dk, dv: sum_i dq_i =
   // scale sum_j colsum(dS)_j k_j, sum_j dk_j = 0 (dS rows sum to 0), sum_j dv_j = sum_i rowsum(Pd)_i do_i;
   // and dbo = sum_i dy_i: dbq, dbv and dbo as one stacked column sum, which writes dbk's zeros with dbq.
-  TG_DISPATCH_DEVICE(x, AttentionBiasKernels, bias_sums, g.colsum_ds, g.rowsum_pd, in.key, dout, dy, scale,
-                     out.qkv_bias, out.out_bias);
-
-  // qkv = x Wqkv^T + bqkv:  dWqkv = dqkv^T x, dx = dqkv Wqkv.
-  enum { kDqkv, kX, kWqkv };
-  const Projections qkv_proj({rows_view(dqkv, 3 * L.C), rows_view(x, L.C), in.qkv_weight}, precision);
+  // It runs beside the qkv projection.
+  cuda::Fork biases(x.is_cuda());
+  biases.run([&] {
+    TG_DISPATCH_DEVICE(x, AttentionBiasKernels, bias_sums, g.colsum_ds, g.rowsum_pd, in.key, dout, dy, scale,
+                       out.qkv_bias, out.out_bias, bias_scratch);
+  });
+  qkv_proj.convert(kDqkv, kDqkv + 1);
   qkv_proj.into(out.qkv_weight, kDqkv, true, kX, false);
   qkv_proj.into(rows_view(out.hidden_states, L.C), kDqkv, false, kWqkv, false);
+  biases.join();
 }
 
 std::vector<Tensor> inputs_of(const BackwardInputs& in) {

@@ -161,18 +161,24 @@ struct BiasOutputs {
   }
 };
 
+// The scratch bias_sums takes (elements of k's dtype), so that it can be
+// queued where nothing may be allocated (a cuda::Fork's side work).
+inline int64_t bias_sums_scratch(int64_t B, int64_t S, int64_t C) { return batch_column_sums_scratch(B, S, 3 * C); }
+
 template <Device Dev>
 struct AttentionBiasKernels {
-  // colsum_ds, rowsum_pd [B,H,S]; k [B,H,S,D] (unit d stride); dout, dy [B,S,C]; qkv_bias [3C], out_bias [C].
+  // colsum_ds, rowsum_pd [B,H,S]; k [B,H,S,D] (unit d stride); dout, dy [B,S,C]; qkv_bias [3C], out_bias [C];
+  // scratch [bias_sums_scratch(B, S, C)].
   static void bias_sums(const Tensor& colsum_ds, const Tensor& rowsum_pd, const Tensor& k, const Tensor& dout,
-                        const Tensor& dy, double scale, const Tensor& qkv_bias, const Tensor& out_bias);
+                        const Tensor& dy, double scale, const Tensor& qkv_bias, const Tensor& out_bias,
+                        const Tensor& scratch);
 };
 TG_EXTERN_CUDA_KERNELS(AttentionBiasKernels);
 
 template <Device Dev>
 void AttentionBiasKernels<Dev>::bias_sums(const Tensor& colsum_ds, const Tensor& rowsum_pd, const Tensor& k,
                                           const Tensor& dout, const Tensor& dy, double scale, const Tensor& qkv_bias,
-                                          const Tensor& out_bias) {
+                                          const Tensor& out_bias, const Tensor& scratch) {
   const int64_t B = k.size(0), H = k.size(1), S = k.size(2), D = k.size(3);
   if (B * S == 0) {  // sums of no rows
     for (const Tensor* t : {&qkv_bias, &out_bias}) fill_into(*t, 0.0);
@@ -183,7 +189,10 @@ void AttentionBiasKernels<Dev>::bias_sums(const Tensor& colsum_ds, const Tensor&
     const BiasSums<T> value{colsum_ds.data<T>(), rowsum_pd.data<T>(), k.data<T>(), dout.data<T>(), dy.data<T>(),
                             S, H, D, k.strides()[0], k.strides()[1], k.strides()[2], static_cast<T>(scale)};
     const BiasOutputs<T> out{qkv_bias.data<T>(), out_bias.data<T>(), H * D};
-    batch_column_sums_into<T>(Loop<Dev>{"fused_attention (biases)"}, value, B, S, 3 * H * D, out, k.device());
+    TG_CHECK(scratch.dtype() == k.dtype() && scratch.numel() >= bias_sums_scratch(B, S, H * D),
+             "fused_attention (biases): scratch of ", scratch.numel(), " ", dtype_name(scratch.dtype()), " for ",
+             bias_sums_scratch(B, S, H * D), " ", dtype_name(k.dtype()), " partial sums");
+    batch_column_sums_with<T>(Loop<Dev>{"fused_attention (biases)"}, value, B, S, 3 * H * D, out, scratch.data<T>());
   });
 }
 

@@ -118,7 +118,7 @@ void GemmKernels<Device::CPU>::gemm(const GemmProblem& p) {
 }
 
 template <>
-void GemmKernels<Device::CPU>::to_fp16(const std::vector<Tensor>&, const std::vector<Tensor>&, const Fp16Group&,
+void GemmKernels<Device::CPU>::to_fp16(const std::vector<Tensor>&, const std::vector<Tensor>&, const Fp16Group&, int,
                                        const Fp16HeadDots&) {
   TG_FAIL("to_fp16: fp16 GEMM operands exist on CUDA only");
 }
@@ -184,18 +184,19 @@ Fp16Group allocate_fp16_group(const char* op, const std::vector<Tensor>& xs, boo
 
 Fp16Group fp16_group(const std::vector<Tensor>& xs, bool split) { return allocate_fp16_group("fp16_group", xs, split); }
 
-void convert_to_fp16(const std::vector<Tensor>& xs, const Fp16Group& group) {
+void convert_to_fp16(const std::vector<Tensor>& xs, const Fp16Group& group, int first_slot) {
   const char* op = "convert_to_fp16";
   check_fp16_matrices(op, xs);
-  TG_CHECK(xs.size() == group.matrices.size(), op, ": ", xs.size(), " matrices into a group of ",
-           group.matrices.size());
+  TG_CHECK(first_slot >= 0 && static_cast<size_t>(first_slot) + xs.size() <= group.matrices.size(), op, ": ", xs.size(),
+           " matrices from slot ", first_slot, " into a group of ", group.matrices.size());
   for (size_t i = 0; i < xs.size(); ++i) {
-    const Fp16Matrix& m = group.matrices[i];
+    const Fp16Matrix& m = group.matrices[first_slot + i];
     TG_CHECK(xs[i].size(0) == m.rows && xs[i].size(1) == m.cols && xs[i].device() == group.scalars.device(), op,
-             ": matrix ", i, " ", xs[i].shape(), " on ", xs[i].device(), " into a group made for [", m.rows, ", ",
-             m.cols, "] on ", group.scalars.device());
+             ": matrix ", i, " ", xs[i].shape(), " on ", xs[i].device(), " into slot ", first_slot + i,
+             " of a group made for [", m.rows, ", ", m.cols, "] on ", group.scalars.device());
   }
-  TG_DISPATCH_DEVICE(xs[0], GemmKernels, to_fp16, xs, std::vector<Tensor>(xs.size()), group, Fp16HeadDots{});
+  TG_DISPATCH_DEVICE(xs[0], GemmKernels, to_fp16, xs, std::vector<Tensor>(xs.size()), group, first_slot,
+                     Fp16HeadDots{});
 }
 
 Fp16Group to_fp16(const std::vector<Tensor>& xs, const std::vector<Tensor>& column_biases) {
@@ -214,13 +215,13 @@ Fp16Group to_fp16(const std::vector<Tensor>& xs, const std::vector<Tensor>& colu
              b.device());
     biases[i] = b;
   }
-  TG_DISPATCH_DEVICE(xs[0], GemmKernels, to_fp16, xs, biases, group, Fp16HeadDots{});
+  TG_DISPATCH_DEVICE(xs[0], GemmKernels, to_fp16, xs, biases, group, 0, Fp16HeadDots{});
   return group;
 }
 
 Fp16Group to_fp16_split(const std::vector<Tensor>& xs) {
   Fp16Group group = allocate_fp16_group("to_fp16_split", xs, true);
-  TG_DISPATCH_DEVICE(xs[0], GemmKernels, to_fp16, xs, std::vector<Tensor>(xs.size()), group, Fp16HeadDots{});
+  TG_DISPATCH_DEVICE(xs[0], GemmKernels, to_fp16, xs, std::vector<Tensor>(xs.size()), group, 0, Fp16HeadDots{});
   return group;
 }
 
@@ -244,7 +245,7 @@ Fp16Group to_fp16_with_head_dots(const Tensor& x, const Fp16HeadDots& dots, bool
   TG_CHECK(aligned16(x.raw_data()) && aligned16(other.raw_data()), op,
            ": x and other must start on 16-byte boundaries (read as vectors)");
   Fp16Group group = allocate_fp16_group(op, {x}, split);
-  TG_DISPATCH_DEVICE(x, GemmKernels, to_fp16, std::vector<Tensor>{x}, std::vector<Tensor>(1), group, dots);
+  TG_DISPATCH_DEVICE(x, GemmKernels, to_fp16, std::vector<Tensor>{x}, std::vector<Tensor>(1), group, 0, dots);
   return group;
 }
 

@@ -83,10 +83,10 @@ struct Fp16Batch {
   const float* bias[kMaxFp16Group];  // optional [cols]: x + bias (each row) is converted
   int64_t cols[kMaxFp16Group];
   bool aligned[kMaxFp16Group];  // x (and bias, with cols % 4 == 0) 16-byte aligned: quads load as one vector
-  unsigned* amax;               // [count]: max |x| as bits (ordered like the values when >= 0)
-  float* first_scale;           // [count]: the scale of the first conversion, from a sample
+  unsigned* amax;               // [group size]: max |x| as bits (ordered like the values when >= 0)
+  float* first_scale;           // [group size]: the scale of the first conversion, from a sample
   float* scalars;               // Fp16Group::scalars
-  int count;
+  int first_slot, count;        // matrix t here is the group's matrix first_slot + t (a group converted in parts)
   // Fp16HeadDots of matrix 0 (dot_out null: none): other's elements, out [B, H, S], S.
   const float* dot_other;
   float* dot_out;
@@ -118,8 +118,8 @@ __global__ void __launch_bounds__(kFp16Samples) sample_scale_kernel(const __grid
     m = fmaxf(m, finite_abs(batch.element(t, fp16_sample_index(k, n))));
   m = block_max(m);
   if (threadIdx.x == 0) {
-    batch.amax[t] = 0u;
-    batch.first_scale[t] = scale_below(m, 9);
+    batch.amax[batch.first_slot + t] = 0u;
+    batch.first_scale[batch.first_slot + t] = scale_below(m, 9);
   }
 }
 
@@ -200,22 +200,23 @@ __device__ float convert(const Fp16Batch& batch, int t, float scale) {
 // then one atomicMax per block).
 template <bool kLow, bool kDots>
 __global__ void to_fp16_kernel(const __grid_constant__ Fp16Batch batch) {
-  const int t = blockIdx.y;
-  block_max_into(convert<kLow, kDots>(batch, t, batch.first_scale[t]), &batch.amax[t]);
+  const int t = blockIdx.y, slot = batch.first_slot + t;
+  block_max_into(convert<kLow, kDots>(batch, t, batch.first_scale[slot]), &batch.amax[slot]);
 }
 
 // Step 3: converts again the matrices whose first scale is not kept (none,
 // for data whose sample is representative; every block then returns at
-// once); block (0, 0) writes the group's scalars (Fp16Group::scalars).
+// once); block (0, 0) writes the group's scalars (Fp16Group::scalars) of
+// every matrix converted so far: the earlier parts' and this one's.
 template <bool kLow>
 __global__ void rescale_fp16_kernel(const __grid_constant__ Fp16Batch batch) {
   const auto scale = [&](int i) { return kept_scale(batch.amax[i], batch.first_scale[i]); };
-  const int t = blockIdx.y;
+  const int t = blockIdx.y, slot = batch.first_slot + t;
   if (blockIdx.x == 0 && t == 0)
-    write_fp16_group_scalars(batch.scalars, batch.count, threadIdx.x, [&](int i) { return 1.f / scale(i); },
+    write_fp16_group_scalars(batch.scalars, slot + batch.count, threadIdx.x, [&](int i) { return 1.f / scale(i); },
                              [&](int i) { return scale_below(__uint_as_float(batch.amax[i]), 14); });
-  const float kept = scale(t);
-  if (kept != batch.first_scale[t]) convert<kLow>(batch, t, kept);
+  const float kept = scale(slot);
+  if (kept != batch.first_scale[slot]) convert<kLow>(batch, t, kept);
 }
 
 }  // namespace
@@ -266,19 +267,20 @@ void GemmKernels<Device::CUDA>::gemm(const GemmProblem& p) {
 
 template <>
 void GemmKernels<Device::CUDA>::to_fp16(const std::vector<Tensor>& xs, const std::vector<Tensor>& column_biases,
-                                        const Fp16Group& out, const Fp16HeadDots& dots) {
+                                        const Fp16Group& out, int first_slot, const Fp16HeadDots& dots) {
   using namespace cuda;
   const int count = static_cast<int>(xs.size());
   Fp16Batch batch{};
   batch.scalars = out.scalars.data<float>();
   batch.amax = reinterpret_cast<unsigned*>(batch.scalars + kFp16Scratch);
   batch.first_scale = batch.scalars + kFp16Scratch + kMaxFp16Group;
+  batch.first_slot = first_slot;
   batch.count = count;
   int64_t largest = 0;
   for (int t = 0; t < count; ++t) {
     batch.x[t] = xs[t].data<float>();
-    batch.out[t] = reinterpret_cast<__half*>(out.matrices[t].values.data<float>());
-    batch.low[t] = out.lows.empty() ? nullptr : reinterpret_cast<__half*>(out.lows[t].values.data<float>());
+    batch.out[t] = reinterpret_cast<__half*>(out.matrices[first_slot + t].values.data<float>());
+    batch.low[t] = out.lows.empty() ? nullptr : reinterpret_cast<__half*>(out.lows[first_slot + t].values.data<float>());
     batch.n[t] = xs[t].numel();
     batch.bias[t] = column_biases[t].defined() ? column_biases[t].data<float>() : nullptr;
     batch.cols[t] = xs[t].size(1);

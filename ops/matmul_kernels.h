@@ -145,9 +145,14 @@ constexpr int64_t kFp16BatchedSlices = 8, kFp16BatchedSliceElements = int64_t(1)
 // to_fp16 (to_fp16_split with split) in two steps, for a conversion queued
 // where nothing may be allocated (a cuda::Fork's side work): fp16_group
 // checks xs and allocates their group, convert_to_fp16 (which allocates
-// nothing) fills it.
+// nothing) fills it. A group may also be converted in parts, in slot order,
+// each queued after the one before it (a matrix converted early, beside other
+// work, and its GEMM partner once it exists): convert_to_fp16(xs, group,
+// first_slot) fills matrices first_slot, first_slot + 1, ... and writes the
+// scalars of every matrix up to its last, so the group is whole once its
+// last matrix is converted, with the scalars to_fp16 would have written.
 Fp16Group fp16_group(const std::vector<Tensor>& xs, bool split = false);
-void convert_to_fp16(const std::vector<Tensor>& xs, const Fp16Group& group);
+void convert_to_fp16(const std::vector<Tensor>& xs, const Fp16Group& group, int first_slot = 0);
 // Untracked, CUDA: c = op(A) @ op(B) for matrices a and b of the group, op(x) =
 // x^T where transposed; fp32 accumulation and output, c [n, m] contiguous.
 // With a split group (to_fp16_split): on compute capability 9.0 the
@@ -176,9 +181,10 @@ std::vector<Tensor> linear_backward(Tensor g2, const Tensor& x2, const Tensor& w
 template <Device D>
 struct GemmKernels {
   static void gemm(const GemmProblem& p);  // k >= 1
-  // CUDA only; column_biases: one per matrix, undefined for none; dots: of matrix 0, if dots.out is defined
+  // CUDA only; column_biases: one per matrix, undefined for none; xs into out's matrices first_slot, first_slot
+  // + 1, ...; dots: of xs[0], if dots.out is defined
   static void to_fp16(const std::vector<Tensor>& xs, const std::vector<Tensor>& column_biases, const Fp16Group& out,
-                      const Fp16HeadDots& dots);
+                      int first_slot, const Fp16HeadDots& dots);
   static void gemm_fp16(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b,
                         const Tensor& c);  // CUDA only
 };

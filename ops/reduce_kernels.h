@@ -64,30 +64,53 @@ struct ReadValue {  // value(r, c) = x[r, c] of a contiguous [rows, cols]
   TG_HD T operator()(int64_t r, int64_t c) const { return x[r * cols + c]; }
 };
 
+// The partial sums of column_sums_with over `rows`: [chunks, cols] per
+// level, until one chunk is left.
+inline int64_t column_sums_scratch(int64_t rows, int64_t cols) {
+  int64_t n = 0;
+  for (; rows > kColumnChunk; rows = (rows + kColumnChunk - 1) / kColumnChunk)
+    n += (rows + kColumnChunk - 1) / kColumnChunk * cols;
+  return n;
+}
+
+// out[c] = sum_r value(r, c), its partial sums in scratch (column_sums_scratch
+// elements), for work queued where nothing may be allocated.
 template <class T, class Loop, class Value, class Out>
-void column_sums_into(const Loop& loop, const Value& value, int64_t rows, int64_t cols, const Out& out, Device device) {
+void column_sums_with(const Loop& loop, const Value& value, int64_t rows, int64_t cols, const Out& out, T* scratch) {
   if (rows <= kColumnChunk) {
     loop(cols, ColumnChunkSum<T, Value, Out>{value, out, rows, cols});
     return;
   }
   const int64_t chunks = (rows + kColumnChunk - 1) / kColumnChunk;
-  const Tensor partial = empty({chunks, cols}, {dtype_of<T>(), device});
-  loop(chunks * cols, ColumnChunkSum<T, Value>{value, partial.data<T>(), rows, cols});
-  column_sums_into<T>(loop, ReadValue<T>{partial.data<T>(), cols}, chunks, cols, out, device);
+  loop(chunks * cols, ColumnChunkSum<T, Value>{value, scratch, rows, cols});
+  column_sums_with<T>(loop, ReadValue<T>{scratch, cols}, chunks, cols, out, scratch + chunks * cols);
 }
 
-// out[c] = sum over (b, s) of value.column(b, c)(s), b < B, s < S.
+// The same with its scratch allocated on `device`.
 template <class T, class Loop, class Value, class Out>
-void batch_column_sums_into(const Loop& loop, const Value& value, int64_t B, int64_t S, int64_t cols, const Out& out,
-                            Device device) {
+void column_sums_into(const Loop& loop, const Value& value, int64_t rows, int64_t cols, const Out& out, Device device) {
+  const Tensor scratch = empty({column_sums_scratch(rows, cols)}, {dtype_of<T>(), device});
+  column_sums_with<T>(loop, value, rows, cols, out, scratch.data<T>());
+}
+
+// The partial sums of batch_column_sums_with over B batches of S rows.
+inline int64_t batch_column_sums_scratch(int64_t B, int64_t S, int64_t cols) {
+  const int64_t chunks = B * ((S + kColumnChunk - 1) / kColumnChunk);
+  return chunks == 1 ? 0 : chunks * cols + column_sums_scratch(chunks, cols);
+}
+
+// out[c] = sum over (b, s) of value.column(b, c)(s), b < B, s < S; its
+// partial sums in scratch (batch_column_sums_scratch elements).
+template <class T, class Loop, class Value, class Out>
+void batch_column_sums_with(const Loop& loop, const Value& value, int64_t B, int64_t S, int64_t cols, const Out& out,
+                            T* scratch) {
   const int64_t per_batch = (S + kColumnChunk - 1) / kColumnChunk, chunks = B * per_batch;
   if (chunks == 1) {
     loop(cols, BatchChunkSum<T, Value, Out>{value, out, S, per_batch, cols});
     return;
   }
-  const Tensor partial = empty({chunks, cols}, {dtype_of<T>(), device});
-  loop(chunks * cols, BatchChunkSum<T, Value>{value, partial.data<T>(), S, per_batch, cols});
-  column_sums_into<T>(loop, ReadValue<T>{partial.data<T>(), cols}, chunks, cols, out, device);
+  loop(chunks * cols, BatchChunkSum<T, Value>{value, scratch, S, per_batch, cols});
+  column_sums_with<T>(loop, ReadValue<T>{scratch, cols}, chunks, cols, out, scratch + chunks * cols);
 }
 
 // Kernels on a contiguous x viewed as [rows, cols]:

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # A/B timing of the fused "high" backward on the GPU machine, the way
-# bench/NOTES.md compares versions: `region_attention --high-only` from each
-# folder of prebuilt binaries, alternated for ROUNDS rounds (default 2) in one
-# call, then each case's times side by side and the means.
+# bench/NOTES.md compares versions: `region_attention --high-only` (or
+# $AB_ARGS, e.g. --fused-only for "highest" too) from each folder of prebuilt
+# binaries, alternated for ROUNDS rounds (default 2) in one call, then each
+# case's "high" times side by side and the means (and "highest"'s means).
 # Usage: bash scripts/ab.sh DIR_A DIR_B [DIR ...]   (folders with distinct names;
 # logs under $OUT, default /tmp/tg-out)
 set -uo pipefail
@@ -13,15 +14,16 @@ logs=()
 for round in $(seq "${ROUNDS:-2}"); do
   for dir in "$@"; do
     log="$OUT/ab_$(basename "$dir")_$round.txt"
-    "$dir/region_attention" --high-only >"$log" 2>&1 || { echo "failed: $dir (see $log)" >&2; exit 1; }
+    "$dir/region_attention" ${AB_ARGS:---high-only} >"$log" 2>&1 || { echo "failed: $dir (see $log)" >&2; exit 1; }
     logs+=("$log")
   done
 done
-# One row per case, one column per run; the last row is the means.
-awk 'function high(   i) { for (i = 1; i <= NF; ++i) if ($i == "high") return $(i + 1) }
+# One row per case, one column per run; the last two rows are the means.
+awk 'function after(word,   i) { for (i = 1; i <= NF; ++i) if ($i == word) return $(i + 1) }
      FNR == 1 { name = FILENAME; sub(/.*\/ab_/, "", name); sub(/\.txt$/, "", name); names = names "\t" name }
      /^S=/ { match($0, /S= *[0-9]+ +B= *[0-9]+/); key = substr($0, RSTART, RLENGTH); gsub(/= +/, "=", key)
-             if (!(key in row)) order[n++] = key; row[key] = row[key] "\t" high() }
-     /^mean of/ { means = means "\t" high() }
-     END { print "case" names; for (i = 0; i < n; ++i) print order[i] row[order[i]]; print "mean" means }' \
+             if (!(key in row)) order[n++] = key; row[key] = row[key] "\t" after("high") }
+     /^mean of/ { means = means "\t" after("high"); highest = highest "\t" after("highest") }
+     END { print "case" names; for (i = 0; i < n; ++i) print order[i] row[order[i]]; print "mean" means
+           print "highest" highest }' \
   "${logs[@]}" | tee "$OUT/ab.txt"

@@ -560,6 +560,28 @@ TEST_CASE("cuda/to_fp16 in two steps equals to_fp16" * doctest::skip(kNoGpu)) {
   for (size_t i = 0; i < xs.size(); ++i) CHECK(max_abs_diff(steps.matrices[i].values, whole.matrices[i].values, true) == 0);
 }
 
+// A group converted in parts, in slot order (convert_to_fp16 from a first
+// slot), gives to_fp16's (to_fp16_split's) values and scalars bit for bit:
+// the last part writes the scalars of the matrices the first part converted
+// too, and its matrix has a max the sample misses (converted again).
+TEST_CASE("cuda/to_fp16 in parts equals to_fp16" * doctest::skip(kNoGpu)) {
+  const int64_t rows = 512, cols = 64;
+  const std::vector<tg::Tensor> xs = {
+      tg::mul(tg::randn({300, 70}), 1e-3).cuda(), tg::randn({33, 5}).cuda(),
+      tg::from_vector(with_unsampled_max(rows, cols), {rows, cols}, {tg::DType::Float32}).cuda()};
+  for (const bool split : {false, true}) {
+    CAPTURE(split);
+    const tg::Fp16Group whole = split ? tg::to_fp16_split(xs) : tg::to_fp16(xs), parts = tg::fp16_group(xs, split);
+    tg::convert_to_fp16({xs[0], xs[1]}, parts);
+    tg::convert_to_fp16({xs[2]}, parts, 2);
+    CHECK(max_abs_diff(parts.scalars, whole.scalars, true) == 0);
+    for (size_t i = 0; i < xs.size(); ++i) {
+      CHECK(max_abs_diff(parts.matrices[i].values, whole.matrices[i].values, true) == 0);
+      if (split) CHECK(max_abs_diff(parts.lows[i].values, whole.lows[i].values, true) == 0);
+    }
+  }
+}
+
 // A column bias added in the conversion gives to_fp16 of x + b bit for bit:
 // quads read as vectors (cols % 4 == 0) on a matrix larger than one pass of
 // the grid (the column advanced per step, wrapping), elements one by one

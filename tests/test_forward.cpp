@@ -128,16 +128,24 @@ TEST_CASE("forward/fp16 GEMM operands: CUDA only, a clear error elsewhere") {
   // In two steps (the group allocated first): the group must be the matrices'.
   const tg::Fp16Group group = tg::fp16_group({tg::ones({2, 2})});
   CHECK_THROWS_WITH(tg::convert_to_fp16({tg::ones({2, 3})}, group),
-                    doctest::Contains("convert_to_fp16: matrix 0 [2,3] on cpu into a group made for [2, 2] on cpu"));
+                    doctest::Contains("convert_to_fp16: matrix 0 [2,3] on cpu into slot 0 of a group made for [2, 2] on cpu"));
   CHECK_THROWS_WITH(tg::convert_to_fp16({tg::ones({1, 4})}, group),
-                    doctest::Contains("convert_to_fp16: matrix 0 [1,4] on cpu into a group made for [2, 2] on cpu"));
+                    doctest::Contains("convert_to_fp16: matrix 0 [1,4] on cpu into slot 0 of a group made for [2, 2] on cpu"));
   // ... and each matrix as to_fp16 takes it.
   CHECK_THROWS_WITH(tg::convert_to_fp16({tg::ones({2, 2}).transpose(0, 1)}, group),
                     doctest::Contains("convert_to_fp16: matrix 0 must be contiguous, 2-D, float32 and on cpu like matrix 0; got float32 [2,2] with strides [1,2]"));
   CHECK_THROWS_WITH(tg::convert_to_fp16({tg::ones({2, 2}, {tg::DType::Float64})}, group),
                     doctest::Contains("convert_to_fp16: matrix 0 must be contiguous, 2-D, float32"));
   CHECK_THROWS_WITH(tg::convert_to_fp16({tg::ones({2, 2}), tg::ones({2, 2})}, group),
-                    doctest::Contains("convert_to_fp16: 2 matrices into a group of 1"));
+                    doctest::Contains("convert_to_fp16: 2 matrices from slot 0 into a group of 1"));
+  // A part of a group (first_slot) must lie inside it, and each matrix fit its slot.
+  CHECK_THROWS_WITH(tg::convert_to_fp16({tg::ones({2, 2})}, group, 1),
+                    doctest::Contains("convert_to_fp16: 1 matrices from slot 1 into a group of 1"));
+  CHECK_THROWS_WITH(tg::convert_to_fp16({tg::ones({2, 2})}, group, -1),
+                    doctest::Contains("convert_to_fp16: 1 matrices from slot -1 into a group of 1"));
+  const tg::Fp16Group pair = tg::fp16_group({tg::ones({2, 2}), tg::ones({3, 5})});
+  CHECK_THROWS_WITH(tg::convert_to_fp16({tg::ones({2, 2})}, pair, 1),
+                    doctest::Contains("convert_to_fp16: matrix 0 [2,2] on cpu into slot 1 of a group made for [3, 5] on cpu"));
   CHECK_THROWS_WITH(tg::convert_to_fp16({tg::ones({2, 2})}, group), doctest::Contains("CUDA only"));
 }
 
