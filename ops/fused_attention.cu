@@ -252,7 +252,7 @@ __global__ void join_half_qkv_kernel(const HalfJoin j) {
 __global__ void half_qkv_scalars_kernel(const float* scratch, const float* xw, int count, float* out) {
   const int e = reinterpret_cast<const int*>(scratch)[0];
   write_fp16_group_scalars(
-      out, count, threadIdx.x, [&](int i) { return i == 0 ? ldexpf(1.f, -e) : fp16_inverse_scale(xw, i - 1); },
+      out, 0, count, threadIdx.x, [&](int i) { return i == 0 ? ldexpf(1.f, -e) : fp16_inverse_scale(xw, i - 1); },
       [&](int i) { return i == 0 ? ldexpf(1.f, e) : xw[kFp16BoundScales + i - 1]; });
 }
 

@@ -207,13 +207,14 @@ __global__ void to_fp16_kernel(const __grid_constant__ Fp16Batch batch) {
 // Step 3: converts again the matrices whose first scale is not kept (none,
 // for data whose sample is representative; every block then returns at
 // once); block (0, 0) writes the group's scalars (Fp16Group::scalars) of
-// every matrix converted so far: the earlier parts' and this one's.
+// this part's matrices and of their pairs with the earlier parts' matrices.
 template <bool kLow>
 __global__ void rescale_fp16_kernel(const __grid_constant__ Fp16Batch batch) {
   const auto scale = [&](int i) { return kept_scale(batch.amax[i], batch.first_scale[i]); };
   const int t = blockIdx.y, slot = batch.first_slot + t;
   if (blockIdx.x == 0 && t == 0)
-    write_fp16_group_scalars(batch.scalars, slot + batch.count, threadIdx.x, [&](int i) { return 1.f / scale(i); },
+    write_fp16_group_scalars(batch.scalars, batch.first_slot, batch.first_slot + batch.count, threadIdx.x,
+                             [&](int i) { return 1.f / scale(i); },
                              [&](int i) { return scale_below(__uint_as_float(batch.amax[i]), 14); });
   const float kept = scale(slot);
   if (kept != batch.first_scale[slot]) convert<kLow>(batch, t, kept);

@@ -90,17 +90,20 @@ TG_HD float fp16_inverse_scale(const float* scalars, int i) {
   return sqrtf(scalars[(kMaxFp16Group + 1) * i]);
 }
 // Thread t's part (t < kMaxFp16Group^2) of writing a group's scalars for
-// `count` matrices from each one's inverse storage scale and bound scale:
-// alpha(i, j) = inverse(i) inverse(j), beta 0.
+// matrices first .. count - 1 from each one's inverse storage scale and
+// bound scale: alpha(i, j) = inverse(i) inverse(j) of the pairs with one of
+// them there and neither past it (the pairs of the matrices before `first`
+// are written already: a GEMM may be reading them), beta 0 with the first.
 template <class Inverse, class Bound>
-TG_HD void write_fp16_group_scalars(float* scalars, int count, int t, const Inverse& inverse, const Bound& bound) {
+TG_HD void write_fp16_group_scalars(float* scalars, int first, int count, int t, const Inverse& inverse,
+                                    const Bound& bound) {
   const int i = t / kMaxFp16Group, j = t % kMaxFp16Group;
-  if (t < kMaxFp16Group * kMaxFp16Group && i < count && j < count) {
+  if (t < kMaxFp16Group * kMaxFp16Group && i < count && j < count && (i >= first || j >= first)) {
     scalars[t] = inverse(i) * inverse(j);
     scalars[kFp16LowAlphas + t] = inverse(i) * inverse(j) / kFp16LowFactor;
   }
-  if (t == 0) scalars[kFp16Beta] = 0.f, scalars[kFp16One] = 1.f;
-  if (t < count) scalars[kFp16BoundScales + t] = bound(t);
+  if (t == 0 && first == 0) scalars[kFp16Beta] = 0.f, scalars[kFp16One] = 1.f;
+  if (t >= first && t < count) scalars[kFp16BoundScales + t] = bound(t);
 }
 // CUDA float32, contiguous 2-D. column_biases: none, or one per matrix
 // (undefined, or [cols] float32 added to every row of its matrix before the
@@ -148,9 +151,10 @@ constexpr int64_t kFp16BatchedSlices = 8, kFp16BatchedSliceElements = int64_t(1)
 // nothing) fills it. A group may also be converted in parts, in slot order,
 // each queued after the one before it (a matrix converted early, beside other
 // work, and its GEMM partner once it exists): convert_to_fp16(xs, group,
-// first_slot) fills matrices first_slot, first_slot + 1, ... and writes the
-// scalars of every matrix up to its last, so the group is whole once its
-// last matrix is converted, with the scalars to_fp16 would have written.
+// first_slot) fills matrices first_slot, first_slot + 1, ... and writes
+// their scalars, those of their pairs with the matrices before them too (and
+// no others: a GEMM of the earlier matrices may run beside it), so the group
+// is whole once its last matrix is converted, with to_fp16's scalars.
 Fp16Group fp16_group(const std::vector<Tensor>& xs, bool split = false);
 void convert_to_fp16(const std::vector<Tensor>& xs, const Fp16Group& group, int first_slot = 0);
 // Untracked, CUDA: c = op(A) @ op(B) for matrices a and b of the group, op(x) =
