@@ -196,6 +196,10 @@ Context& context() {
     TG_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx.stream, cudaStreamNonBlocking), "cuda context");
     TG_CUDA_CHECK(cublasCreate(&ctx.cublas), "cuda context");
     TG_CUDA_CHECK(cudaMalloc(&ctx.cublas_workspace, kCublasWorkspace), "cuda context");
+    // Zeroed once: cuBLAS's split-k reduction (splitKreduce_kernel) reads
+    // parts of it that its GEMM did not write, reads compute-sanitizer's
+    // initcheck reports as uninitialized; zeroed, they are defined.
+    TG_CUDA_CHECK(cudaMemset(ctx.cublas_workspace, 0, kCublasWorkspace), "cuda context");
     TG_CUDA_CHECK(cudnnCreate(&ctx.cudnn), "cuda context");
   });
   return ctx;

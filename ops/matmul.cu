@@ -368,18 +368,18 @@ struct AddSlices {
 // k slices instead. The GEMM runs on a device of compute capability 9.0
 // (sm_90a code runs there alone), for products it takes (sizes and
 // alignment: split_gemm_takes), unless enable_warpgroup_gemm(false), with
-// at least two CTAs per chunk of k that each walks. A weight gradient (A transposed: k = tokens against 64-192
-// tiles) splits k for that, into at most 8 waves of CTAs (which bounds its
-// workspace; the layer's largest case, 773/32, takes 960 CTAs); the
-// untransposed products (dx, do) do not, and below it cuBLAS (which splits
-// k) was faster: on the H200 (session 33, bench/split_gemm) dx = dqkv Wqkv
-// (48 chunks) lost at 72 tiles (0.91x) and won from 96 (1.11x), do = dy Wo
-// (16 chunks) lost at 24 (0.86x) and won from 48 (1.06x).
+// at least two CTAs per chunk of k that each walks: with fewer tiles than
+// that (a weight gradient, k = tokens against 64-192 tiles; dx and do at
+// few tokens) k is split, into at most 8 waves of CTAs (which bounds the
+// workspace; the layer's largest case, 773/32, takes 960 CTAs). Without
+// split k, cuBLAS (which splits k) was faster below that: on the H200
+// (session 33, bench/split_gemm) dx = dqkv Wqkv (48 chunks) lost at 72 tiles
+// (0.91x) and won from 96 (1.11x), do = dy Wo (16 chunks) lost at 24 (0.86x)
+// and won from 48 (1.06x).
 int split_gemm_splits(const SplitGemm& g) {
   if (!warpgroup_gemm_enabled() || context().major != 9 || context().minor != 0 || !split_gemm_takes(g)) return 0;
   const int64_t tiles = (g.rows + kSplitGemmRows - 1) / kSplitGemmRows * (g.cols / kSplitGemmCols);
   const int64_t chunks = (g.depth + kSplitGemmDepth - 1) / kSplitGemmDepth;
-  if (!g.transpose_a) return tiles >= 2 * chunks ? 1 : 0;
   const int64_t wanted = std::min((2 * chunks + tiles - 1) / tiles, std::max<int64_t>(1, 8 * context().sm_count / tiles));
   const int64_t per_split = (chunks + wanted - 1) / wanted;
   return static_cast<int>((chunks + per_split - 1) / per_split);  // as many, none left empty

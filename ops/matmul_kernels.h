@@ -133,7 +133,7 @@ Fp16Group to_fp16_with_head_dots(const Tensor& x, const Fp16HeadDots& dots, bool
 // smaller, go whole. On compute capability 9.0 the warpgroup split GEMM
 // (ops/matmul_warpgroup.h) does so in registers, 64 of k at a time
 // (0.16-0.83x cuBLAS's fp32 GEMM's error against fp64 at k up to 4136);
-// elsewhere, and where it would leave SMs idle, cuBLAS GEMMs in slices of
+// elsewhere, and for sizes or alignments it does not take, cuBLAS GEMMs in slices of
 // kFp16SplitSlice (2.5-3.8x at k = 2952; with slices of 1024, 4.4-5x at
 // k = 5000; bench/NOTES.md).
 Fp16Group to_fp16_split(const std::vector<Tensor>& xs);
@@ -161,7 +161,7 @@ void convert_to_fp16(const std::vector<Tensor>& xs, const Fp16Group& group, int 
 // x^T where transposed; fp32 accumulation and output, c [n, m] contiguous.
 // With a split group (to_fp16_split): on compute capability 9.0 the
 // warpgroup split GEMM where it takes the sizes (ops/matmul.cu,
-// split_gemm_splits), with k split for a weight gradient (its stretches
+// split_gemm_splits), with k split where c has few tiles (its stretches
 // after the first in a workspace of at most 8 waves of 128 x 128 tiles,
 // 66 MiB on an H200); else the cross terms, then hi hi by k slices, with
 // at most kFp16BatchedSliceElements outputs and more than one slice through

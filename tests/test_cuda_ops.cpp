@@ -412,10 +412,11 @@ TEST_CASE("cuda/gemm_fp16: a split group gives fp32's accuracy over a long k, ev
 // The warpgroup split GEMM (ops/matmul_warpgroup.cu; gemm_fp16 runs it on
 // compute capability 9.0 for a split group's products, with at least two
 // 128 x 128 tiles of c per 64-long chunk of k each CTA walks, splitting k
-// where A is transposed): every transpose, partial last row tiles, k of one
-// chunk, of many, not a multiple of 64 (the TMA's zeros past it), split
-// into 17 stretches or whole, fewer rows than one tile and an odd number of
-// column tiles; two magnitudes. The 8200 x 1024 case has more than
+// where there are fewer tiles): every transpose, partial last row tiles, k
+// of one chunk, of many, not a multiple of 64 (the TMA's zeros past it),
+// split into 17 stretches, into 4 with A untransposed (dx at 373 tokens), or
+// whole, fewer rows than one tile and an odd number of column tiles; two
+// magnitudes. The 8200 x 1024 case has more than
 // kFp16BatchedSliceElements outputs: cuBLAS's side runs its beta = 1 slice
 // loop. Its error against fp64 (on
 // the rows of the first, a middle and the last tile) within 2x of cuBLAS's
@@ -434,7 +435,8 @@ TEST_CASE("cuda/gemm_fp16x3_warpgroup: the split GEMM kernel near fp32, every tr
                         {false, false, 40 * 128 + 77, 1024, 3072}, {false, true, 40 * 128 + 77, 1024, 1024},
                         {true, false, 3 * 128 + 8, 256, 4133},    {true, true, 3 * 128 + 8, 256, 4136},
                         {true, false, 1024, 1024, 2000},          {false, false, 8200, 1024, 1024},
-                        {false, false, 100, 384, 64}};
+                        {false, false, 100, 384, 64},             {false, false, 373, 1024, 3072},
+                        {false, true, 853, 1024, 1000}};
   static_assert(8200 * 1024 > tg::kFp16BatchedSliceElements);
   struct CublasSplitProducts {  // for a scope, restored however it ends
     CublasSplitProducts() { tg::cuda::enable_warpgroup_gemm(false); }
