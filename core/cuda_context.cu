@@ -198,8 +198,11 @@ Context& context() {
     TG_CUDA_CHECK(cudaMalloc(&ctx.cublas_workspace, kCublasWorkspace), "cuda context");
     // Zeroed once: cuBLAS's split-k reduction (splitKreduce_kernel) reads
     // parts of it that its GEMM did not write, reads compute-sanitizer's
-    // initcheck reports as uninitialized; zeroed, they are defined.
+    // initcheck reports as uninitialized; zeroed, they are defined. The
+    // memset runs on the legacy stream, which tapegrad's non-blocking
+    // streams do not wait for: the device sync orders it before any GEMM.
     TG_CUDA_CHECK(cudaMemset(ctx.cublas_workspace, 0, kCublasWorkspace), "cuda context");
+    TG_CUDA_CHECK(cudaDeviceSynchronize(), "cuda context");
     TG_CUDA_CHECK(cudnnCreate(&ctx.cudnn), "cuda context");
   });
   return ctx;

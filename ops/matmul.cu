@@ -364,14 +364,14 @@ struct AddSlices {
 
 // How many stretches of k a split group's product c [rows, cols] = op(A)
 // op(B) over depth walks on the warpgroup split GEMM
-// (ops/matmul_warpgroup.cu), one CTA per tile of c and stretch; 0: cuBLAS's
-// k slices instead. The GEMM runs on a device of compute capability 9.0
-// (sm_90a code runs there alone), for products it takes (sizes and
-// alignment: split_gemm_takes), unless enable_warpgroup_gemm(false), with
-// at least two CTAs per chunk of k that each walks: with fewer tiles than
-// that (a weight gradient, k = tokens against 64-192 tiles; dx and do at
-// few tokens) k is split, into at most 8 waves of CTAs (which bounds the
-// workspace; the layer's largest case, 773/32, takes 960 CTAs). Without
+// (ops/matmul_warpgroup.cu), one CTA per tile of c and stretch; 0 (cuBLAS's
+// k slices instead) where it does not run. It runs on a device of compute
+// capability 9.0 (sm_90a code runs there alone), for products it takes
+// (sizes and alignment: split_gemm_takes), unless
+// enable_warpgroup_gemm(false). k is split so that each chunk of k a CTA
+// walks has two CTAs (a weight gradient, k = tokens against 64-192 tiles;
+// dx and do at few tokens), but into at most 8 waves of CTAs (which bounds
+// the workspace; the layer's largest case, 773/32, takes 960 CTAs). Without
 // split k, cuBLAS (which splits k) was faster below that: on the H200
 // (session 33, bench/split_gemm) dx = dqkv Wqkv (48 chunks) lost at 72 tiles
 // (0.91x) and won from 96 (1.11x), do = dy Wo (16 chunks) lost at 24 (0.86x)

@@ -51,7 +51,8 @@ void gemm_into(const char* op, const Tensor& a, const Tensor& b, const Tensor& c
 // kernel converts again, with e from the true max (put in [2^13, 2^14)),
 // only a matrix whose max left the window. A group of up to kMaxFp16Group
 // matrices takes one launch of each kernel; the third also writes the
-// cuBLAS alpha 2^-(e_i + e_j) of every pair. tapegrad has no fp16
+// cuBLAS alpha 2^-(e_i + e_j) of every pair (converted in parts: every pair
+// with a matrix of its part, convert_to_fp16). tapegrad has no fp16
 // dtype: the elements are packed two per float32 and are read only by the
 // fp16 GEMMs and the attention kernels (ops/fused_attention.cu), which take
 // their scales from the scalars.
@@ -72,7 +73,8 @@ struct Fp16Group {
   // float32: the alpha of pair (i, j) at i kMaxFp16Group + j; 0 (beta) at
   // kFp16Beta; at kFp16BoundScales + i, 2^b_i with max |x_i| 2^b_i in [2^13,
   // 2^14), for bounds on products of the kernel's own (ops/fused_attention.cu);
-  // from kFp16Scratch the conversion's scratch (two values per matrix); 1 at
+  // from kFp16Scratch the conversion's scratch (two values per matrix, which
+  // a later part of a group converted in parts reads: kept until then); 1 at
   // kFp16One (the beta that accumulates); the pairs' alphas times 2^-11 from
   // kFp16LowAlphas (a product with a low part)
   Tensor scalars;
@@ -90,20 +92,21 @@ TG_HD float fp16_inverse_scale(const float* scalars, int i) {
   return sqrtf(scalars[(kMaxFp16Group + 1) * i]);
 }
 // Thread t's part (t < kMaxFp16Group^2) of writing a group's scalars for
-// matrices first .. count - 1 from each one's inverse storage scale and
+// matrices first .. last - 1 from each one's inverse storage scale and
 // bound scale: alpha(i, j) = inverse(i) inverse(j) of the pairs with one of
 // them there and neither past it (the pairs of the matrices before `first`
-// are written already: a GEMM may be reading them), beta 0 with the first.
+// are written already: a GEMM may be reading them), their bound scales,
+// and with first = 0 the constants beta (0) and one.
 template <class Inverse, class Bound>
-TG_HD void write_fp16_group_scalars(float* scalars, int first, int count, int t, const Inverse& inverse,
+TG_HD void write_fp16_group_scalars(float* scalars, int first, int last, int t, const Inverse& inverse,
                                     const Bound& bound) {
   const int i = t / kMaxFp16Group, j = t % kMaxFp16Group;
-  if (t < kMaxFp16Group * kMaxFp16Group && i < count && j < count && (i >= first || j >= first)) {
+  if (t < kMaxFp16Group * kMaxFp16Group && i < last && j < last && (i >= first || j >= first)) {
     scalars[t] = inverse(i) * inverse(j);
     scalars[kFp16LowAlphas + t] = inverse(i) * inverse(j) / kFp16LowFactor;
   }
   if (t == 0 && first == 0) scalars[kFp16Beta] = 0.f, scalars[kFp16One] = 1.f;
-  if (t >= first && t < count) scalars[kFp16BoundScales + t] = bound(t);
+  if (t >= first && t < last) scalars[kFp16BoundScales + t] = bound(t);
 }
 // CUDA float32, contiguous 2-D. column_biases: none, or one per matrix
 // (undefined, or [cols] float32 added to every row of its matrix before the

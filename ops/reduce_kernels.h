@@ -86,11 +86,12 @@ void column_sums_with(const Loop& loop, const Value& value, int64_t rows, int64_
   column_sums_with<T>(loop, ReadValue<T>{scratch, cols}, chunks, cols, out, scratch + chunks * cols);
 }
 
-// The same with its scratch allocated on `device`.
+// The same with its scratch (if it needs any) allocated on `device`.
 template <class T, class Loop, class Value, class Out>
 void column_sums_into(const Loop& loop, const Value& value, int64_t rows, int64_t cols, const Out& out, Device device) {
-  const Tensor scratch = empty({column_sums_scratch(rows, cols)}, {dtype_of<T>(), device});
-  column_sums_with<T>(loop, value, rows, cols, out, scratch.data<T>());
+  const int64_t n = column_sums_scratch(rows, cols);
+  const Tensor scratch = n > 0 ? empty({n}, {dtype_of<T>(), device}) : Tensor();
+  column_sums_with<T>(loop, value, rows, cols, out, n > 0 ? scratch.data<T>() : nullptr);
 }
 
 // The partial sums of batch_column_sums_with over B batches of S rows.

@@ -414,8 +414,9 @@ TEST_CASE("cuda/gemm_fp16: a split group gives fp32's accuracy over a long k, ev
 // 128 x 128 tiles of c per 64-long chunk of k each CTA walks, splitting k
 // where there are fewer tiles): every transpose, partial last row tiles, k
 // of one chunk, of many, not a multiple of 64 (the TMA's zeros past it),
-// split into 17 stretches, into 4 with A untransposed (dx at 373 tokens), or
-// whole, fewer rows than one tile and an odd number of column tiles; two
+// split into 17 stretches, with A untransposed into 4 (dx at 373 tokens)
+// and into 2 (B transposed, the last stretch's last chunk short), or whole,
+// fewer rows than one tile and an odd number of column tiles; two
 // magnitudes. The 8200 x 1024 case has more than
 // kFp16BatchedSliceElements outputs: cuBLAS's side runs its beta = 1 slice
 // loop. Its error against fp64 (on
@@ -436,7 +437,7 @@ TEST_CASE("cuda/gemm_fp16x3_warpgroup: the split GEMM kernel near fp32, every tr
                         {true, false, 3 * 128 + 8, 256, 4133},    {true, true, 3 * 128 + 8, 256, 4136},
                         {true, false, 1024, 1024, 2000},          {false, false, 8200, 1024, 1024},
                         {false, false, 100, 384, 64},             {false, false, 373, 1024, 3072},
-                        {false, true, 853, 1024, 1000}};
+                        {false, true, 200, 1024, 1000}};
   static_assert(8200 * 1024 > tg::kFp16BatchedSliceElements);
   struct CublasSplitProducts {  // for a scope, restored however it ends
     CublasSplitProducts() { tg::cuda::enable_warpgroup_gemm(false); }
@@ -564,17 +565,30 @@ TEST_CASE("cuda/to_fp16 in two steps equals to_fp16" * doctest::skip(kNoGpu)) {
 
 // A group converted in parts, in slot order (convert_to_fp16 from a first
 // slot), gives to_fp16's (to_fp16_split's) values and scalars bit for bit:
-// the last part writes the scalars of the matrices the first part converted
-// too, and its matrix has a max the sample misses (converted again).
+// the first part's own scalars (its pair's alphas, bounds, beta and one)
+// are whole after it, and the last part writes those of its pairs with the
+// first part's matrices, reading what that part kept; each part has a
+// matrix whose max the sample misses (converted again).
 TEST_CASE("cuda/to_fp16 in parts equals to_fp16" * doctest::skip(kNoGpu)) {
   const int64_t rows = 512, cols = 64;
-  const std::vector<tg::Tensor> xs = {
-      tg::mul(tg::randn({300, 70}), 1e-3).cuda(), tg::randn({33, 5}).cuda(),
-      tg::from_vector(with_unsampled_max(rows, cols), {rows, cols}, {tg::DType::Float32}).cuda()};
+  const tg::Tensor unseen_max =
+      tg::from_vector(with_unsampled_max(rows, cols), {rows, cols}, {tg::DType::Float32}).cuda();
+  const std::vector<tg::Tensor> xs = {tg::mul(tg::randn({300, 70}), 1e-3).cuda(), tg::mul(unseen_max, 1e3),
+                                      unseen_max};
+  std::vector<int> first_part = {tg::kFp16Beta, tg::kFp16One, tg::kFp16BoundScales, tg::kFp16BoundScales + 1};
+  for (const int pair : {0, 1, tg::kMaxFp16Group, tg::kMaxFp16Group + 1}) {  // (0, 0), (0, 1), (1, 0), (1, 1)
+    first_part.push_back(pair);
+    first_part.push_back(tg::kFp16LowAlphas + pair);
+  }
   for (const bool split : {false, true}) {
     CAPTURE(split);
     const tg::Fp16Group whole = split ? tg::to_fp16_split(xs) : tg::to_fp16(xs), parts = tg::fp16_group(xs, split);
     tg::convert_to_fp16({xs[0], xs[1]}, parts);
+    const std::vector<double> expected = whole.scalars.to_vector(), after_first = parts.scalars.to_vector();
+    for (const int k : first_part) {
+      CAPTURE(k);
+      CHECK(after_first[size_t(k)] == expected[size_t(k)]);
+    }
     tg::convert_to_fp16({xs[2]}, parts, 2);
     CHECK(max_abs_diff(parts.scalars, whole.scalars, true) == 0);
     for (size_t i = 0; i < xs.size(); ++i) {
