@@ -368,9 +368,10 @@ struct AddSlices {
 // k slices instead) where it does not run. It runs on a device of compute
 // capability 9.0 (sm_90a code runs there alone), for products it takes
 // (sizes and alignment: split_gemm_takes), unless
-// enable_warpgroup_gemm(false). k is split so that each chunk of k a CTA
-// walks has two CTAs (a weight gradient, k = tokens against 64-192 tiles;
-// dx and do at few tokens), but into at most 8 waves of CTAs (which bounds
+// enable_warpgroup_gemm(false). k is split into stretches so that the CTAs
+// are at least twice as many as the chunks each walks (a weight gradient,
+// k = tokens against 64-192 tiles; dx and do at few tokens; with enough
+// tiles, one stretch), but into at most 8 waves of CTAs (which bounds
 // the workspace; the layer's largest case, 773/32, takes 960 CTAs). Without
 // split k, cuBLAS (which splits k) was faster below that: on the H200
 // (session 33, bench/split_gemm) dx = dqkv Wqkv (48 chunks) lost at 72 tiles
