@@ -14,7 +14,8 @@
 // [B,H,S,S] tensor + the 64 MiB dE write + eight [B,S,C] tensors + the
 // weights.
 //
-// Usage: region_attention [--json FILE] [--cases N | --case K...] [--high-only] [--mma-sync] [--cublas-split]
+// Usage: region_attention [--json FILE] [--cases N | --case K...] [--high-only | --fused-only] [--mma-sync]
+//        [--cublas-split]
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -106,9 +107,7 @@ int main(int argc, char** argv) {
       return 1e3 * timer.median_ms([&] { tg::fused::region_attention_backward_into(in, scale, spec.p, precision, out); });
     };
     Row r{c, floor_us(c, ceil), fused(tg::MatmulPrecision::High), 1e3 * timer.host_ms(), 0, 0};
-    if (!high_only) {
-      r.highest_us = fused(tg::MatmulPrecision::Highest);
-    }
+    if (!high_only) r.highest_us = fused(tg::MatmulPrecision::Highest);
     if (!high_only && !fused_only) {
       const DecomposedGraph g = decomposed_graph(in, spec.p);
       r.decomposed_us = 1e3 * timer.median_ms([&] { g.y.backward(in.grad_output, /*retain_graph=*/true); },
