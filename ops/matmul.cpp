@@ -1,6 +1,7 @@
 #include "ops/matmul.h"
 
 #include <Eigen/Core>
+#include <algorithm>
 #include <utility>
 
 #include "autograd/engine.h"
@@ -280,6 +281,45 @@ Tensor gemm_fp16(const Fp16Group& group, int a, bool transpose_a, int b, bool tr
                          {DType::Float32, A.values.device()});
   gemm_fp16_into(group, a, transpose_a, b, transpose_b, c);
   return c;
+}
+
+// The split GEMM's time for s stretches, with one CTA per SM (192 KB of
+// shared memory): a fixed part, ceil(tiles s / SMs) waves of (ceil(chunks /
+// s) chunks + a CTA's prologue and epilogue), plus for s > 1 AddSlices, a
+// launch and s + 1 passes over c (s - 1 partials and c read, c written). The
+// constants are a least-squares fit (relative) to the 64 products of
+// bench/results/split_gemm-h200.txt (H200; each within 6% of its time): 3 us
+// fixed, a chunk 1.1 us, a CTA's prologue and epilogue 2.5 chunks, AddSlices
+// 2 us and 3.5 TB/s. The fixed rule before
+// it (CTAs at least twice the chunks each walks) lost where its stretches
+// made a second wave (dx at 1152 tokens: 2 stretches, 144 CTAs, 65.7 us;
+// 51 modelled for 3) and where it split into many waves (dWqkv at 24736
+// tokens: 5 stretches, 736 us; 664 modelled for 2).
+double split_gemm_model_us(int64_t rows, int64_t cols, int64_t depth, int64_t stretches, int64_t sms) {
+  constexpr double kFixedUs = 3.0, kChunkUs = 1.1, kCtaChunks = 2.5, kAddLaunchUs = 2.0, kAddBytesPerUs = 3.5e6;
+  const int64_t tiles = (rows + kSplitGemmRows - 1) / kSplitGemmRows * ((cols + kSplitGemmCols - 1) / kSplitGemmCols);
+  const int64_t chunks = (depth + kSplitGemmDepth - 1) / kSplitGemmDepth;
+  const int64_t per_stretch = (chunks + stretches - 1) / stretches, waves = (tiles * stretches + sms - 1) / sms;
+  const double c_bytes = double(rows) * double(cols) * sizeof(float);
+  const double add = stretches > 1 ? kAddLaunchUs + double(stretches + 1) * c_bytes / kAddBytesPerUs : 0;
+  return kFixedUs + double(waves) * (double(per_stretch) + kCtaChunks) * kChunkUs + add;
+}
+
+int split_gemm_stretches(int64_t rows, int64_t cols, int64_t depth, int64_t sms) {
+  TG_CHECK(rows > 0 && cols > 0 && depth > 0 && sms > 0, "split_gemm_stretches: c [", rows, ", ", cols, "] over depth ",
+           depth, " on ", sms, " SMs");
+  const int64_t tiles = (rows + kSplitGemmRows - 1) / kSplitGemmRows * ((cols + kSplitGemmCols - 1) / kSplitGemmCols);
+  const int64_t chunks = (depth + kSplitGemmDepth - 1) / kSplitGemmDepth;
+  const int64_t most = std::min(chunks, std::max<int64_t>(1, 8 * sms / tiles));
+  int64_t best = 1;
+  double best_us = split_gemm_model_us(rows, cols, depth, 1, sms);
+  for (int64_t s = 2; s <= most; ++s) {
+    const int64_t per_stretch = (chunks + s - 1) / s;
+    if ((chunks + per_stretch - 1) / per_stretch != s) continue;  // a stretch would be empty: as fewer stretches
+    const double us = split_gemm_model_us(rows, cols, depth, s, sms);
+    if (us < best_us) best = s, best_us = us;
+  }
+  return static_cast<int>(best);
 }
 
 Tensor linear_forward(const char* op, const Tensor& x2, const Tensor& w, const Tensor& b, MatmulPrecision precision,

@@ -364,26 +364,14 @@ struct AddSlices {
 
 // How many stretches of k a split group's product c [rows, cols] = op(A)
 // op(B) over depth walks on the warpgroup split GEMM
-// (ops/matmul_warpgroup.cu), one CTA per tile of c and stretch; 0 (cuBLAS's
-// k slices instead) where it does not run. It runs on a device of compute
-// capability 9.0 (sm_90a code runs there alone), for products it takes
-// (sizes and alignment: split_gemm_takes), unless
-// enable_warpgroup_gemm(false). k is split into stretches so that the CTAs
-// are at least twice as many as the chunks each walks (a weight gradient,
-// k = tokens against 64-192 tiles; dx and do at few tokens; with enough
-// tiles, one stretch), but into at most 8 waves of CTAs (which bounds
-// the workspace; the layer's largest case, 773/32, takes 960 CTAs). Without
-// split k, cuBLAS (which splits k) was faster below that: on the H200
-// (session 33, bench/split_gemm) dx = dqkv Wqkv (48 chunks) lost at 72 tiles
-// (0.91x) and won from 96 (1.11x), do = dy Wo (16 chunks) lost at 24 (0.86x)
-// and won from 48 (1.06x).
+// (ops/matmul_warpgroup.cu), one CTA per tile of c and stretch
+// (split_gemm_stretches); 0 (cuBLAS's k slices instead) where it does not
+// run. It runs on a device of compute capability 9.0 (sm_90a code runs there
+// alone), for products it takes (sizes and alignment: split_gemm_takes),
+// unless enable_warpgroup_gemm(false).
 int split_gemm_splits(const SplitGemm& g) {
   if (!warpgroup_gemm_enabled() || context().major != 9 || context().minor != 0 || !split_gemm_takes(g)) return 0;
-  const int64_t tiles = (g.rows + kSplitGemmRows - 1) / kSplitGemmRows * (g.cols / kSplitGemmCols);
-  const int64_t chunks = (g.depth + kSplitGemmDepth - 1) / kSplitGemmDepth;
-  const int64_t wanted = std::min((2 * chunks + tiles - 1) / tiles, std::max<int64_t>(1, 8 * context().sm_count / tiles));
-  const int64_t per_split = (chunks + wanted - 1) / wanted;
-  return static_cast<int>((chunks + per_split - 1) / per_split);  // as many, none left empty
+  return split_gemm_stretches(g.rows, g.cols, g.depth, context().sm_count);
 }
 
 }  // namespace

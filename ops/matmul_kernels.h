@@ -185,6 +185,17 @@ Tensor linear_forward(const char* op, const Tensor& x2, const Tensor& w, const T
 std::vector<Tensor> linear_backward(Tensor g2, const Tensor& x2, const Tensor& w, const std::vector<bool>& needs,
                                     MatmulPrecision precision, bool half);
 
+// The "highest" warpgroup split GEMM (ops/matmul_warpgroup.cu) computes c
+// in tiles of kSplitGemmRows x kSplitGemmCols, one CTA per tile and stretch
+// of k, a stretch a whole number of chunks of kSplitGemmDepth.
+constexpr int64_t kSplitGemmRows = 128, kSplitGemmCols = 128, kSplitGemmDepth = 64;
+// Its stretches for c [rows, cols] over depth on a device of `sms` SMs: the
+// count of least modelled time (split_gemm_model_us, ops/matmul.cpp), none
+// left empty, at most 8 waves of CTAs (which bounds the partials'
+// workspace), the fewest on a tie.
+int split_gemm_stretches(int64_t rows, int64_t cols, int64_t depth, int64_t sms);
+double split_gemm_model_us(int64_t rows, int64_t cols, int64_t depth, int64_t stretches, int64_t sms);
+
 template <Device D>
 struct GemmKernels {
   static void gemm(const GemmProblem& p);  // k >= 1

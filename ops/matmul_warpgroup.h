@@ -12,6 +12,8 @@
 
 #include <cstdint>
 
+#include "ops/matmul_kernels.h"
+
 namespace tg::cuda {
 
 // op(A) [rows, depth] and op(B) [depth, cols] as gemm_fp16 takes them: A
@@ -29,9 +31,6 @@ struct SplitGemm {
   int splits = 1;
   float* partials = nullptr;
 };
-
-// The tile sizes: c in tiles of kSplitGemmRows x kSplitGemmCols, k in chunks of kSplitGemmDepth.
-constexpr int64_t kSplitGemmRows = 128, kSplitGemmCols = 128, kSplitGemmDepth = 64;
 
 // Whether the kernel takes the product: cols a multiple of kSplitGemmCols,
 // rows and depth within the grid's and the TMA's coordinates, what the TMA

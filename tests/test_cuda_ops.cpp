@@ -410,14 +410,15 @@ TEST_CASE("cuda/gemm_fp16: a split group gives fp32's accuracy over a long k, ev
 }
 
 // The warpgroup split GEMM (ops/matmul_warpgroup.cu; gemm_fp16 runs it on
-// compute capability 9.0 for a split group's products, with at least two
-// 128 x 128 tiles of c per 64-long chunk of k each CTA walks, splitting k
-// where there are fewer tiles): every transpose, partial last row tiles, k
-// of one chunk, of many, not a multiple of 64 (the TMA's zeros past it),
-// split into 17 stretches, with A untransposed into 4 (dx at 373 tokens)
-// and into 2 (B transposed, the last stretch's last chunk short), or whole,
-// fewer rows than one tile and an odd number of column tiles; two
-// magnitudes. The 8200 x 1024 case has more than
+// compute capability 9.0 for a split group's products, k split into the
+// stretches of split_gemm_stretches): every transpose, partial last row
+// tiles, k of one chunk, of many, not a multiple of 64 (the TMA's zeros
+// past it), split into 13 stretches (on the H200's 132 SMs), with A
+// untransposed into 2 and into 5 (dx at 373 tokens) and into 8 (B
+// transposed, the last stretch's last chunk short), or whole, fewer rows
+// than one tile and an odd number of column tiles; two magnitudes. On 132
+// SMs each case's stretches are checked, so that none of these stops
+// being covered when the split's rule changes. The 8200 x 1024 case has more than
 // kFp16BatchedSliceElements outputs: cuBLAS's side runs its beta = 1 slice
 // loop. Its error against fp64 (on
 // the rows of the first, a middle and the last tile) within 2x of cuBLAS's
@@ -430,14 +431,14 @@ TEST_CASE("cuda/gemm_fp16x3_warpgroup: the split GEMM kernel near fp32, every tr
   tg::manual_seed(52);
   struct Case {
     bool ta, tb;
-    int64_t rows, cols, depth;
+    int64_t rows, cols, depth, stretches;  // on 132 SMs
   };
-  const Case cases[] = {{false, false, 40 * 128 + 77, 1024, 64},  {false, false, 40 * 128 + 77, 1024, 1024},
-                        {false, false, 40 * 128 + 77, 1024, 3072}, {false, true, 40 * 128 + 77, 1024, 1024},
-                        {true, false, 3 * 128 + 8, 256, 4133},    {true, true, 3 * 128 + 8, 256, 4136},
-                        {true, false, 1024, 1024, 2000},          {false, false, 8200, 1024, 1024},
-                        {false, false, 100, 384, 64},             {false, false, 373, 1024, 3072},
-                        {false, true, 200, 1024, 1000}};
+  const Case cases[] = {{false, false, 40 * 128 + 77, 1024, 64, 1},  {false, false, 40 * 128 + 77, 1024, 1024, 1},
+                        {false, false, 40 * 128 + 77, 1024, 3072, 2}, {false, true, 40 * 128 + 77, 1024, 1024, 1},
+                        {true, false, 3 * 128 + 8, 256, 4133, 13},   {true, true, 3 * 128 + 8, 256, 4136, 13},
+                        {true, false, 1024, 1024, 2000, 2},          {false, false, 8200, 1024, 1024, 1},
+                        {false, false, 100, 384, 64, 1},             {false, false, 373, 1024, 3072, 5},
+                        {false, true, 200, 1024, 1000, 8}};
   static_assert(8200 * 1024 > tg::kFp16BatchedSliceElements);
   struct CublasSplitProducts {  // for a scope, restored however it ends
     CublasSplitProducts() { tg::cuda::enable_warpgroup_gemm(false); }
@@ -450,6 +451,7 @@ TEST_CASE("cuda/gemm_fp16x3_warpgroup: the split GEMM kernel near fp32, every tr
     CAPTURE(t.rows);
     CAPTURE(t.depth);
     CAPTURE(magnitude);
+    if (tg::cuda::context().sm_count == 132) CHECK(tg::split_gemm_stretches(t.rows, t.cols, t.depth, 132) == t.stretches);
     // Stored as gemm_fp16 reads them: A [rows, depth] or [depth, rows], B [depth, cols] or [cols, depth].
     const tg::Tensor a = tg::mul(t.ta ? tg::randn({t.depth, t.rows}) : tg::randn({t.rows, t.depth}), magnitude);
     const tg::Tensor b = t.tb ? tg::randn({t.cols, t.depth}) : tg::randn({t.depth, t.cols});

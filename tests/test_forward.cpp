@@ -149,6 +149,60 @@ TEST_CASE("forward/fp16 GEMM operands: CUDA only, a clear error elsewhere") {
   CHECK_THROWS_WITH(tg::convert_to_fp16({tg::ones({2, 2})}, group), doctest::Contains("CUDA only"));
 }
 
+// The split GEMM's stretches of k (ops/matmul.cpp): the model reproduces
+// the H200 times it was fitted to (bench/results/split_gemm-h200.txt, within
+// 6%), picks the measured fixes (dx at 1152 tokens out of its second wave,
+// dWqkv at 24736 tokens out of 8 waves), and on any shape leaves no stretch
+// empty (the kernel's launch check), stays within 8 waves and picks the
+// least modelled time.
+TEST_CASE("forward/split_gemm_stretches: the modelled fastest split of k, none empty, at most 8 waves") {
+  constexpr int64_t kSms = 132, C = 1024;
+  struct Measured {
+    int64_t rows, cols, depth, stretches;
+    double us;
+  };
+  // do, dx, dWo and dWqkv at 373, 1152 and 24736 tokens with b508663's stretches.
+  for (const Measured& m : {Measured{373, C, C, 2, 18.1}, {373, C, 3 * C, 4, 24.1}, {C, C, 373, 1, 12.2},
+                            {3 * C, C, 373, 1, 22.8}, {1152, C, 3 * C, 2, 65.7}, {C, C, 1152, 1, 24.4},
+                            {24736, C, 3 * C, 1, 690.6}, {C, C, 24736, 13, 267.9}, {3 * C, C, 24736, 5, 736.3}}) {
+    CAPTURE(m.rows);
+    CAPTURE(m.depth);
+    CHECK(std::abs(tg::split_gemm_model_us(m.rows, m.cols, m.depth, m.stretches, kSms) / m.us - 1) < 0.06);
+  }
+  CHECK(tg::split_gemm_stretches(1152, C, 3 * C, kSms) == 3);
+  CHECK(tg::split_gemm_stretches(3 * C, C, 24736, kSms) == 2);
+  CHECK(tg::split_gemm_stretches(C, C, 373, kSms) == 1);
+  CHECK(tg::split_gemm_stretches(24736, C, 3 * C, kSms) == 1);
+  tg::manual_seed(7);
+  const tg::Tensor draws = tg::rand({400, 4});
+  for (int64_t i = 0; i < draws.size(0); ++i) {
+    const auto draw = [&](int j, double lo, double hi) {
+      return static_cast<int64_t>(std::exp(std::log(lo) + draws.at({i, j}) * (std::log(hi) - std::log(lo))));
+    };
+    const int64_t rows = draw(0, 1, 40000), cols = 128 * draw(1, 1, 40), depth = draw(2, 1, 40000);
+    const int64_t sms = draw(3, 1, 200);
+    CAPTURE(rows);
+    CAPTURE(cols);
+    CAPTURE(depth);
+    CAPTURE(sms);
+    const int64_t s = tg::split_gemm_stretches(rows, cols, depth, sms);
+    const int64_t tiles = (rows + 127) / 128 * (cols / 128), chunks = (depth + 63) / 64, per = (chunks + s - 1) / s;
+    CHECK(s >= 1);
+    CHECK((s - 1) * per < chunks);
+    CHECK((s == 1 || tiles * s <= 8 * sms));
+    const double chosen = tg::split_gemm_model_us(rows, cols, depth, s, sms);
+    const int64_t most = std::min(chunks, std::max<int64_t>(1, 8 * sms / tiles));
+    for (int64_t other = 1; other <= most; ++other) {  // every other split without an empty stretch: no faster
+      const int64_t other_per = (chunks + other - 1) / other;
+      if ((other - 1) * other_per >= chunks) continue;
+      const double us = tg::split_gemm_model_us(rows, cols, depth, other, sms);
+      CHECK((other < s ? us > chosen : us >= chosen));
+    }
+  }
+  CHECK_THROWS_WITH(tg::split_gemm_stretches(0, C, C, kSms),
+                    doctest::Contains("split_gemm_stretches: c [0, 1024] over depth 1024 on 132 SMs"));
+}
+
 // A cuda::Fork for CPU work (Fork(false)) runs the side work in place.
 TEST_CASE("forward/a fork that is off runs its work in place") {
   const tg::Tensor t = tg::zeros({3});
