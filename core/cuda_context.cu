@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -39,9 +40,12 @@ cudaStream_t stream() { return stream_override ? override_stream : context().str
 // ---- Fork: a side stream and its two events, kept per thread (a lane taken
 // by one thread's fork never joins another thread's graph capture) and reused.
 
-SideStream SideStream::create(const char* op) {
+SideStream SideStream::create(const char* op, StreamPriority priority) {
+  int least = 0, greatest = 0;  // numerically least >= greatest: a lower number runs first
+  TG_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest), op);
+  const int level = priority == StreamPriority::kCritical ? std::max(greatest, least - 1) : least;
   SideStream s;
-  TG_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking), op);
+  TG_CUDA_CHECK(cudaStreamCreateWithPriority(&s.stream, cudaStreamNonBlocking, level), op);
   TG_CUDA_CHECK(cudaEventCreateWithFlags(&s.forked, cudaEventDisableTiming), op);
   TG_CUDA_CHECK(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming), op);
   return s;
@@ -100,7 +104,7 @@ Fork::Lane take_lane(cudaStream_t origin) {
       lane.origin = origin;
       return lane;
     }
-  return {SideStream::create("cuda fork"), origin};
+  return {SideStream::create("cuda fork", StreamPriority::kSide), origin};
 }
 }  // namespace
 

@@ -37,11 +37,16 @@ bool allocation_forbidden();
 
 // A second stream and the two events that order it after another stream
 // (follow) and that stream after it (rejoin): Fork's side streams and
-// GraphReplay's private stream.
+// GraphReplay's private stream. A Fork's side stream has the device's least
+// priority (CUDA's default, that of the streams callers pass), the private
+// stream one step above it: a graph captured there and instantiated with
+// node priorities (each kernel node keeps its capture stream's) schedules
+// the critical path's pending blocks before the side work's.
+enum class StreamPriority { kSide, kCritical };
 struct SideStream {
   cudaStream_t stream = nullptr;
   cudaEvent_t forked = nullptr, done = nullptr;
-  static SideStream create(const char* op);
+  static SideStream create(const char* op, StreamPriority priority);
   void follow(cudaStream_t origin, const char* op) const;  // its next work after origin's so far
   void rejoin(cudaStream_t origin, const char* op) const;  // origin's next work after its so far
   void rejoin_reporting(cudaStream_t origin, const char* op) const;  // the same where it cannot throw

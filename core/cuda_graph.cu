@@ -67,7 +67,7 @@ struct GraphReplay::State {
 
   void make_stream() {
     if (side.stream) return;
-    side = SideStream::create("graph replay");
+    side = SideStream::create("graph replay", StreamPriority::kCritical);
     device = current_device();
   }
 
@@ -98,7 +98,9 @@ struct GraphReplay::State {
       }
       ok = cudaStreamEndCapture(side.stream, &graph) == cudaSuccess && ok;
     }
-    ok = ok && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
+    // Each kernel node at its capture stream's priority: the private stream's
+    // critical path before the Forks' side work (SideStream).
+    ok = ok && cudaGraphInstantiate(&exec, graph, cudaGraphInstantiateFlagUseNodePriority) == cudaSuccess;
     if (graph) report_failure(cudaGraphDestroy(graph), "graph replay", "cudaGraphDestroy");
     if (!ok) {
       cudaGetLastError();  // the failed capture's error, not the caller's
