@@ -2,8 +2,10 @@
 # A/B timing of the fused "high" backward on the GPU machine, the way
 # bench/NOTES.md compares versions: `region_attention --high-only` (or
 # $AB_ARGS, e.g. --fused-only for "highest" too) from each folder of prebuilt
-# binaries, alternated for ROUNDS rounds (default 2) in one call, then each
-# case's "high" times side by side and the means (and "highest"'s means).
+# binaries, or with AB_CAPI=1 `bench/capi_times.py` on the folder's
+# libtapegrad.so (the C API, replayed from CUDA graphs), alternated for
+# ROUNDS rounds (default 2) in one call, then each case's "high" times side
+# by side and the means (and "highest"'s means).
 # Usage: bash scripts/ab.sh DIR_A DIR_B [DIR ...]   (folders with distinct names;
 # logs under $OUT, default /tmp/tg-out)
 set -uo pipefail
@@ -14,7 +16,11 @@ logs=()
 for round in $(seq "${ROUNDS:-2}"); do
   for dir in "$@"; do
     log="$OUT/ab_$(basename "$dir")_$round.txt"
-    "$dir/region_attention" ${AB_ARGS:---high-only} >"$log" 2>&1 || { echo "failed: $dir (see $log)" >&2; exit 1; }
+    if [ "${AB_CAPI:-0}" = 1 ]; then
+      python3 "$(dirname "$0")/../bench/capi_times.py" --lib "$dir/libtapegrad.so" >"$log" 2>&1
+    else
+      "$dir/region_attention" ${AB_ARGS:---high-only} >"$log" 2>&1
+    fi || { echo "failed: $dir (see $log)" >&2; exit 1; }
     logs+=("$log")
   done
 done
