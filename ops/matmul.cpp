@@ -287,35 +287,30 @@ Tensor gemm_fp16(const Fp16Group& group, int a, bool transpose_a, int b, bool tr
 // shared memory): a fixed part, ceil(tiles s / SMs) waves of (ceil(chunks /
 // s) chunks + a CTA's prologue and epilogue), plus for s > 1 AddSlices, a
 // launch and s + 1 passes over c (s - 1 partials and c read, c written). The
-// constants are a least-squares fit (relative) to the 64 products of
-// bench/results/split_gemm-h200.txt (H200; each within 6% of its time): 3 us
-// fixed, a chunk 1.1 us, a CTA's prologue and epilogue 2.5 chunks, AddSlices
-// 2 us and 3.5 TB/s. The fixed rule before
-// it (CTAs at least twice the chunks each walks) lost where its stretches
-// made a second wave (dx at 1152 tokens: 2 stretches, 144 CTAs, 65.7 us;
-// 51 modelled for 3) and where it split into many waves (dWqkv at 24736
-// tokens: 5 stretches, 736 us; 664 modelled for 2).
+// constants, rounded from a fit to the 64 products of b508663's
+// bench/split_gemm on the H200 (each within 6% of its time; bench/NOTES.md
+// version 28): 3 us fixed, a chunk 1.1 us, a CTA's prologue and epilogue
+// 2.5 chunks, AddSlices 2 us and 3.5 TB/s; they are used on any device of
+// compute capability 9.0.
 double split_gemm_model_us(int64_t rows, int64_t cols, int64_t depth, int64_t stretches, int64_t sms) {
   constexpr double kFixedUs = 3.0, kChunkUs = 1.1, kCtaChunks = 2.5, kAddLaunchUs = 2.0, kAddBytesPerUs = 3.5e6;
-  const int64_t tiles = (rows + kSplitGemmRows - 1) / kSplitGemmRows * ((cols + kSplitGemmCols - 1) / kSplitGemmCols);
-  const int64_t chunks = (depth + kSplitGemmDepth - 1) / kSplitGemmDepth;
-  const int64_t per_stretch = (chunks + stretches - 1) / stretches, waves = (tiles * stretches + sms - 1) / sms;
+  const int64_t chunks = split_gemm_chunks(depth), per_stretch = (chunks + stretches - 1) / stretches;
+  const int64_t waves = (split_gemm_tiles(rows, cols) * stretches + sms - 1) / sms;
   const double c_bytes = double(rows) * double(cols) * sizeof(float);
   const double add = stretches > 1 ? kAddLaunchUs + double(stretches + 1) * c_bytes / kAddBytesPerUs : 0;
   return kFixedUs + double(waves) * (double(per_stretch) + kCtaChunks) * kChunkUs + add;
 }
 
+// A split with an empty stretch walks as many chunks per CTA as the fewer
+// stretches that hold them, with more CTAs and AddSlices passes: it is never
+// the least modelled time, so the kernel's condition (no stretch empty) holds.
 int split_gemm_stretches(int64_t rows, int64_t cols, int64_t depth, int64_t sms) {
-  TG_CHECK(rows > 0 && cols > 0 && depth > 0 && sms > 0, "split_gemm_stretches: c [", rows, ", ", cols, "] over depth ",
-           depth, " on ", sms, " SMs");
-  const int64_t tiles = (rows + kSplitGemmRows - 1) / kSplitGemmRows * ((cols + kSplitGemmCols - 1) / kSplitGemmCols);
-  const int64_t chunks = (depth + kSplitGemmDepth - 1) / kSplitGemmDepth;
-  const int64_t most = std::min(chunks, std::max<int64_t>(1, 8 * sms / tiles));
+  TG_CHECK(rows > 0 && cols > 0 && depth > 0 && sms > 0, "split_gemm_stretches: c [", rows, ", ", cols,
+           "] over depth ", depth, " on ", sms, " SMs: each must be positive");
+  const int64_t most = std::min(split_gemm_chunks(depth), std::max<int64_t>(1, 8 * sms / split_gemm_tiles(rows, cols)));
   int64_t best = 1;
   double best_us = split_gemm_model_us(rows, cols, depth, 1, sms);
   for (int64_t s = 2; s <= most; ++s) {
-    const int64_t per_stretch = (chunks + s - 1) / s;
-    if ((chunks + per_stretch - 1) / per_stretch != s) continue;  // a stretch would be empty: as fewer stretches
     const double us = split_gemm_model_us(rows, cols, depth, s, sms);
     if (us < best_us) best = s, best_us = us;
   }

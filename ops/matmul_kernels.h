@@ -189,6 +189,10 @@ std::vector<Tensor> linear_backward(Tensor g2, const Tensor& x2, const Tensor& w
 // in tiles of kSplitGemmRows x kSplitGemmCols, one CTA per tile and stretch
 // of k, a stretch a whole number of chunks of kSplitGemmDepth.
 constexpr int64_t kSplitGemmRows = 128, kSplitGemmCols = 128, kSplitGemmDepth = 64;
+constexpr int64_t split_gemm_tiles(int64_t rows, int64_t cols) {
+  return (rows + kSplitGemmRows - 1) / kSplitGemmRows * ((cols + kSplitGemmCols - 1) / kSplitGemmCols);
+}
+constexpr int64_t split_gemm_chunks(int64_t depth) { return (depth + kSplitGemmDepth - 1) / kSplitGemmDepth; }
 // Its stretches for c [rows, cols] over depth on a device of `sms` SMs: the
 // count of least modelled time (split_gemm_model_us, ops/matmul.cpp), none
 // left empty, at most 8 waves of CTAs (which bounds the partials'
