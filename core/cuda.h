@@ -57,7 +57,9 @@ class StreamGuard {
 // call cuBLAS (one workspace for every stream): what it writes is allocated
 // before, on stream(), and kept alive until the join. Inside a CUDA graph
 // capture the side work becomes a parallel branch of the graph (and its side
-// stream serves no work outside that capture until the capture ends).
+// stream serves no work outside that capture until the capture ends); the
+// side stream has the device's least priority, so that in GraphReplay's
+// graphs the side work's pending blocks wait for the critical path's.
 // Fork(false), for CPU tensors, runs the work in place.
 class Fork {
  public:

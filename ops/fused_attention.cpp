@@ -668,22 +668,28 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
   if (x.is_cuda() && rows > 0) core.qkv_half = fp16_group(qkv_rows, split);
 
   // qkv = x Wqkv^T + bqkv:  dWqkv = dqkv^T x, dx = dqkv Wqkv. x and Wqkv are
-  // converted beside the out-projection, dqkv once the core has written it.
+  // converted on a side stream (below), dqkv once the core has written it.
   enum { kX, kWqkv, kDqkv };
   const Projections qkv_proj({rows_view(x, L.C), in.qkv_weight, rows_view(dqkv, 3 * L.C)}, precision);
   const Tensor bias_scratch = empty({bias_sums_scratch(L.B, L.S, L.C)}, opts);
 
-  // The fills of what the core adds to, and the conversions of q, k, v, x
-  // and Wqkv, run beside the out-projection (on a second CUDA stream): none
-  // of them waits for it.
-  cuda::Fork beside(x.is_cuda());
+  // Work that waits for nothing the call computes runs beside the
+  // out-projection, on three more CUDA streams (below the critical path's
+  // priority in graph replay: core/cuda_context.h), all joined before the
+  // core: dE's zeros (up to 64 MiB, bandwidth-bound); the other fills and q,
+  // k, v's conversion (for the core); x's and Wqkv's conversion (for the qkv
+  // projection). At small sizes these kernels are short and latency-bound:
+  // side by side they end sooner than one after another (H200, C API, against
+  // one side stream: 1024/1 -10 us, the "high" mean -0.8%; bench/NOTES.md
+  // version 28). Left to run beside the core instead, they slowed it.
+  cuda::Fork dE_zeros(x.is_cuda()), beside(x.is_cuda()), projection_inputs(x.is_cuda());
+  dE_zeros.run([&] { zero_edit_bias_gradient(g.dE, core.d); });
   beside.run([&] {
     zero_qkv_gradient(dqkv, g);
-    zero_edit_bias_gradient(g.dE, core.d);
     fill_into(sums, 0.0);
     if (!core.qkv_half.matrices.empty()) convert_to_fp16(qkv_rows, core.qkv_half);
-    qkv_proj.convert(kX, kDqkv);
   });
+  projection_inputs.run([&] { qkv_proj.convert(kX, kDqkv); });
 
   // y = o Wo^T + bo:  dWo = dy^T o, do = dy Wo (dbo, the column sums of dy, with the other biases below).
   enum { kDy, kO, kWo };
@@ -695,7 +701,7 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
   g.dout = dout;
   g.delta = empty({L.B, L.H, L.S}, opts);
   g.dout_half = delta_and_half_dout(dout, in.attention_output, g.delta, core.d, !core.qkv_half.matrices.empty(), split);
-  beside.join();
+  for (cuda::Fork* fork : {&dE_zeros, &beside, &projection_inputs}) fork->join();
   TG_DISPATCH_DEVICE(x, FusedAttentionKernels, backward, core, g, precision);
 
   // dbqkv from fp32 sums, not from the tensor-core dq, dk, dv: sum_i dq_i =
