@@ -287,11 +287,11 @@ Tensor gemm_fp16(const Fp16Group& group, int a, bool transpose_a, int b, bool tr
 // shared memory): a fixed part, ceil(tiles s / SMs) waves of (ceil(chunks /
 // s) chunks + a CTA's prologue and epilogue), plus for s > 1 AddSlices, a
 // launch and s + 1 passes over c (s - 1 partials and c read, c written). The
-// constants, rounded from a fit to the 64 products of b508663's
-// bench/split_gemm on the H200 (bench/results/split_gemm_v27-h200.txt; each
-// within 6% of its time; bench/NOTES.md version 28): 3 us fixed, a chunk 1.1 us, a CTA's prologue and epilogue
-// 2.5 chunks, AddSlices 2 us and 3.5 TB/s; they are used on any device of
-// compute capability 9.0.
+// constants are rounded from a fit to the 64 products of b508663's
+// bench/split_gemm on the H200 (bench/results/split_gemm_v27-h200.txt, each
+// within 6% of its time; bench/NOTES.md version 28): 3 us fixed, a chunk
+// 1.1 us, a CTA's prologue and epilogue 2.5 chunks, AddSlices 2 us and
+// 3.5 TB/s. They are used on any device of compute capability 9.0.
 double split_gemm_model_us(int64_t rows, int64_t cols, int64_t depth, int64_t stretches, int64_t sms) {
   constexpr double kFixedUs = 3.0, kChunkUs = 1.1, kCtaChunks = 2.5, kAddLaunchUs = 2.0, kAddBytesPerUs = 3.5e6;
   const int64_t chunks = split_gemm_chunks(depth), per_stretch = (chunks + stretches - 1) / stretches;

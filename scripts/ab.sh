@@ -4,8 +4,9 @@
 # $AB_ARGS, e.g. --fused-only for "highest" too) from each folder of prebuilt
 # binaries, or with AB_CAPI=1 `bench/capi_times.py` on the folder's
 # libtapegrad.so (the C API, replayed from CUDA graphs), alternated for
-# ROUNDS rounds (default 2) in one call, then each case's "high" times side
-# by side and the means (and "highest"'s means).
+# ROUNDS rounds (default 2) in one call (AB_ARGS goes to region_attention
+# only), then each case's "high" times side by side and the means (and
+# "highest"'s means).
 # Usage: bash scripts/ab.sh DIR_A DIR_B [DIR ...]   (folders with distinct names;
 # logs under $OUT, default /tmp/tg-out)
 set -uo pipefail

@@ -451,7 +451,8 @@ TEST_CASE("cuda/gemm_fp16x3_warpgroup: the split GEMM kernel near fp32, every tr
     CAPTURE(t.rows);
     CAPTURE(t.depth);
     CAPTURE(magnitude);
-    if (tg::cuda::context().sm_count == 132) CHECK(tg::split_gemm_stretches(t.rows, t.cols, t.depth, 132) == t.stretches);
+    if (tg::cuda::context().sm_count == 132)
+      CHECK(tg::split_gemm_stretches(t.rows, t.cols, t.depth, 132) == t.stretches);
     // Stored as gemm_fp16 reads them: A [rows, depth] or [depth, rows], B [depth, cols] or [cols, depth].
     const tg::Tensor a = tg::mul(t.ta ? tg::randn({t.depth, t.rows}) : tg::randn({t.rows, t.depth}), magnitude);
     const tg::Tensor b = t.tb ? tg::randn({t.cols, t.depth}) : tg::randn({t.depth, t.cols});
