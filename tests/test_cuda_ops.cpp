@@ -700,6 +700,52 @@ TEST_CASE("cuda/fork: side work between the fork point and the join; it cannot a
   CHECK(tg::empty({4}, cuda32).numel() == 4);
 }
 
+// Stream priorities (core/cuda_context.h): a Fork's side work runs at the
+// device's least priority, GraphReplay's private stream one step above it
+// (where the device has two levels), and a graph instantiated with node
+// priorities still launches (the fourth call writes what the caller's
+// stream zeroed, through the graph). With graph replay off (TG_CUDA_GRAPHS=0,
+// the sanitizer runs' TG_CUDA_NO_CACHING=1) every call runs on the caller's
+// stream.
+TEST_CASE("cuda/fork and graph replay: the side work below the critical path's priority" * doctest::skip(kNoGpu)) {
+  int least = 0, greatest = 0;
+  REQUIRE(cudaDeviceGetStreamPriorityRange(&least, &greatest) == cudaSuccess);
+  const auto priority_here = [] {
+    int p = 0;
+    REQUIRE(cudaStreamGetPriority(tg::cuda::stream(), &p) == cudaSuccess);
+    return p;
+  };
+  const tg::Tensor t = tg::zeros({256}, {tg::DType::Float32, tg::Device::CUDA});
+  int side = greatest - 1;
+  tg::cuda::Fork beside(true);
+  beside.run([&] {
+    side = priority_here();
+    tg::fill_into(t, 2.0);
+  });
+  beside.join();
+  CHECK(side == least);
+  tg::cuda::GraphReplay replay;
+  std::vector<int> seen;  // the priority of each call's stream, outside a capture
+  for (int call = 1; call <= 4; ++call) {
+    CAPTURE(call);
+    if (call == 4) tg::fill_into(t, 0.0);
+    replay.run("priorities", nullptr, [&] {
+      cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+      REQUIRE(cudaStreamIsCapturing(tg::cuda::stream(), &status) == cudaSuccess);
+      if (status == cudaStreamCaptureStatusNone) seen.push_back(priority_here());
+      tg::fill_into(t, 1.0);
+    });
+  }
+  CHECK(max_abs_diff(t, tg::ones({256})) == 0);
+  if (!tg::cuda::graph_replay_enabled()) {
+    CHECK(seen.size() == 4);
+    return;
+  }
+  REQUIRE(seen.size() == 2);  // the first call on the caller's stream, the second (warm-up) on the private one
+  CHECK(seen[1] == std::max(greatest, least - 1));
+  CHECK(replay.launches() == 2);  // the third call captured and launched, the fourth launched
+}
+
 TEST_CASE("cuda/dropout: the mask is bit-identical to the CPU's" * doctest::skip(kNoGpu)) {
   const tg::PhiloxState rng{1234, 17};
   for (const tg::Shape& s : {tg::Shape{1}, tg::Shape{1001}, tg::Shape{8, 16, 33, 33}}) {
