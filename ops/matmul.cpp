@@ -293,6 +293,8 @@ Tensor gemm_fp16(const Fp16Group& group, int a, bool transpose_a, int b, bool tr
 // 1.1 us, a CTA's prologue and epilogue 2.5 chunks, AddSlices 2 us and
 // 3.5 TB/s. They are used on any device of compute capability 9.0.
 double split_gemm_model_us(int64_t rows, int64_t cols, int64_t depth, int64_t stretches, int64_t sms) {
+  TG_CHECK(rows > 0 && cols > 0 && depth > 0 && stretches > 0 && sms > 0, "split_gemm_model_us: c [", rows, ", ",
+           cols, "] over depth ", depth, " in ", stretches, " stretches on ", sms, " SMs: each must be positive");
   constexpr double kFixedUs = 3.0, kChunkUs = 1.1, kCtaChunks = 2.5, kAddLaunchUs = 2.0, kAddBytesPerUs = 3.5e6;
   const int64_t chunks = split_gemm_chunks(depth), per_stretch = (chunks + stretches - 1) / stretches;
   const int64_t waves = (split_gemm_tiles(rows, cols) * stretches + sms - 1) / sms;

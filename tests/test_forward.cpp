@@ -200,6 +200,10 @@ TEST_CASE("forward/split_gemm_stretches: the modelled fastest split of k, none e
   }
   CHECK_THROWS_WITH(tg::split_gemm_stretches(0, C, C, kSms),
                     "split_gemm_stretches: c [0, 1024] over depth 1024 on 132 SMs: each must be positive");
+  CHECK_THROWS_WITH(tg::split_gemm_model_us(C, C, C, 0, kSms),
+                    "split_gemm_model_us: c [1024, 1024] over depth 1024 in 0 stretches on 132 SMs: each must be positive");
+  CHECK_THROWS_WITH(tg::split_gemm_model_us(C, C, C, 1, 0),
+                    "split_gemm_model_us: c [1024, 1024] over depth 1024 in 1 stretches on 0 SMs: each must be positive");
 }
 
 // A cuda::Fork for CPU work (Fork(false)) runs the side work in place.
