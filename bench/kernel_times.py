@@ -7,13 +7,20 @@ kernel name its GPU time per call (mean over the calls), its share of the
 kernels' sum, and launches per call; the PyTorch kernels of the flush are
 left out.
 
-Usage: python3 bench/kernel_times.py --lib build/libtapegrad.so [--case 1 --case 14] [--calls 5]
+With --timeline, also each kernel of the last profiled call in start order:
+its start after the call's first kernel, its duration and stream, and the
+call's span with the time in it when no kernel ran (the gaps a chain of
+dependent launches leaves).
+
+Usage: python3 bench/kernel_times.py --lib build/libtapegrad.so [--case 1 --case 14] [--calls 5] [--timeline]
 (a case is its 1-based place in bench/compare_torch.py's CASES, as for
 region_attention --case: 1 = (S 128, B 64), 14 = (S 773, B 32))
 """
 import argparse
+import json
 import os
 import sys
+import tempfile
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -24,7 +31,7 @@ from compare_torch import CASES, Tapegrad, flush_l2, make_inputs, reference_back
 PRECISIONS = {"highest": 0, "high": 1}
 
 
-def kernel_times(tg, inputs, outputs, precision, calls):
+def kernel_times(tg, inputs, outputs, precision, calls, timeline=False):
     for _ in range(3):
         tg.backward(inputs, outputs, precision)
     torch.cuda.synchronize()
@@ -39,7 +46,26 @@ def kernel_times(tg, inputs, outputs, precision, calls):
         if us > 0 and "at::native" not in ev.key:  # a kernel, memset or copy; not the flush
             total[ev.key] = us / calls
             count[ev.key] = ev.count
+    if timeline:
+        print_timeline(prof)
     return total, count
+
+
+def print_timeline(prof):
+    """The last call's kernels (those after the last flush's), in start order."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        trace = json.load(open(f.name))["traceEvents"]
+    kernels = sorted((e for e in trace if e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy")), key=lambda e: e["ts"])
+    last_flush = max(i for i, e in enumerate(kernels) if "at::native" in e["name"])
+    call = kernels[last_flush + 1:]
+    t0 = call[0]["ts"]
+    busy_until, idle = t0, 0.0
+    for e in call:
+        idle += max(0.0, e["ts"] - busy_until)
+        busy_until = max(busy_until, e["ts"] + e["dur"])
+        print(f"    {e['ts'] - t0:8.1f} +{e['dur']:7.1f} us  stream {e.get('args', {}).get('stream', '?'):>3}  {e['name'][:100]}")
+    print(f"    span {busy_until - t0:.1f} us, of which no kernel running {idle:.1f} us")
 
 
 def self_device_us(ev):
@@ -56,6 +82,7 @@ def main():
     ap.add_argument("--case", type=int, action="append", choices=range(1, len(CASES) + 1), metavar="N",
                     help="1-based place in bench/compare_torch.py's CASES (repeatable; default 1 and 14)")
     ap.add_argument("--calls", type=int, default=5)
+    ap.add_argument("--timeline", action="store_true", help="print the last call's kernels in start order")
     args = ap.parse_args()
     tg = Tapegrad(args.lib)
     for n in args.case or [1, 14]:
@@ -63,7 +90,7 @@ def main():
         inputs = make_inputs(B, S)
         outputs = [torch.empty_like(r) for r in reference_backward(*inputs)]  # the 8 gradients' shapes
         for name, precision in PRECISIONS.items():
-            total, count = kernel_times(tg, inputs, outputs, precision, args.calls)
+            total, count = kernel_times(tg, inputs, outputs, precision, args.calls, args.timeline)
             whole = sum(total.values())
             print(f"S={S} B={B} {name}: kernels {whole:.1f} us per call")
             for kernel, us in sorted(total.items(), key=lambda kv: -kv[1]):
