@@ -91,7 +91,14 @@ std::vector<Tensor> outputs_of(const Gradients& g);
 // "highest" whole rows of NaN: a low part of Inf is Inf - Inf). At "highest"
 // the core's kernel and the projections take every operand
 // as fp16 hi + 2^-11 lo (to_fp16_split; three fp16 products: fp32-level
-// accuracy).
+// accuracy). Delta comes from the identity rowsum(dP P) = rowsum(do o), with
+// the given o: where the exact dS cancels to 0 (a row with one unmasked key,
+// or a softmax saturated to one-hot in fp32) what remains is the rounding of
+// that identity, ~2^-11 (at "high") or ~2^-22 (at "highest") of sum_j P |dP|,
+// where the spec's formula, Delta made from its own dP, cancels exactly. So
+// with a saturated softmax "highest" is off by more than 10x fp32's error
+// (measured with logits spread by ~10^4; within it with spreads of ~10:
+// tests/stress_capi.py, bench/NOTES.md version 29).
 Gradients region_attention_backward(const BackwardInputs& in, double scale, double dropout_p,
                                     MatmulPrecision precision = MatmulPrecision::Default);
 

@@ -4,7 +4,7 @@
 # TG_CUDA_SYNC=1 mode), compute-sanitizer over the GPU suite, the benchmarks
 # with their PyTorch peers, and the demo. Logs go to $OUT (default
 # /tmp/tg-out), eight files at most. TG_STEPS picks steps (default: all of
-# "tests sync safetensors sanitizers bench_ops region_attention split_gemm wgmma_rate train_step kernel_times
+# "tests sync safetensors stress sanitizers bench_ops region_attention split_gemm wgmma_rate train_step kernel_times
 # compare_torch demo");
 # TG_SANITIZERS picks tools (default "memcheck racecheck synccheck initcheck");
 # TG_RACECHECK_TESTS narrows racecheck (slow: over 6 minutes on the whole
@@ -13,7 +13,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/tg-out}
 mkdir -p "$OUT"
-STEPS=${TG_STEPS:-tests sync safetensors sanitizers bench_ops region_attention split_gemm wgmma_rate train_step kernel_times compare_torch demo}
+STEPS=${TG_STEPS:-tests sync safetensors stress sanitizers bench_ops region_attention split_gemm wgmma_rate train_step kernel_times compare_torch demo}
 status=0
 wants() { [[ " $STEPS " == *" $1 "* ]]; }
 step() {  # step NAME LOG COMMAND...: runs, logs, remembers a failure
@@ -47,6 +47,9 @@ wants sync && step "cuda tests, TG_CUDA_SYNC=1" run.log env TG_CUDA_SYNC=1 "$bin
 # A safetensors file tapegrad wrote, opened by PyTorch's safetensors loader.
 wants safetensors && step "safetensors in PyTorch" run.log bash -c "'$bin/tg_tests' -tc='checkpoint/writes tapegrad_written*' &&
   python3 tests/fixtures/check_safetensors.py check '${TMPDIR:-/tmp}/tapegrad_written.safetensors'"
+# The benchmark interface on random sizes, masks, dropout and scales, against PyTorch (C API).
+wants stress && step "C API on random configurations against PyTorch" run.log env PYTHONUNBUFFERED=1 \
+  python3 tests/stress_capi.py --lib "$bin/libtapegrad.so"
 # Under the sanitizers: the GPU suite without the fault probe (it faults on
 # purpose, in a child) and the benchmark-size fused case (the edge-shape case
 # runs the same kernels at sizes the tools get through).
