@@ -31,7 +31,7 @@ from compare_torch import CASES, Tapegrad, flush_l2, make_inputs, reference_back
 PRECISIONS = {"highest": 0, "high": 1}
 
 
-def kernel_times(tg, inputs, outputs, precision, calls, timeline=False):
+def kernel_times(tg, inputs, outputs, precision, calls):
     for _ in range(3):
         tg.backward(inputs, outputs, precision)
     torch.cuda.synchronize()
@@ -46,25 +46,28 @@ def kernel_times(tg, inputs, outputs, precision, calls, timeline=False):
         if us > 0 and "at::native" not in ev.key:  # a kernel, memset or copy; not the flush
             total[ev.key] = us / calls
             count[ev.key] = ev.count
-    if timeline:
-        print_timeline(prof)
-    return total, count
+    return total, count, prof
 
 
 def print_timeline(prof):
     """The last call's kernels (those after the last flush's), in start order."""
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
-        trace = json.load(open(f.name))["traceEvents"]
-    kernels = sorted((e for e in trace if e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy")), key=lambda e: e["ts"])
-    last_flush = max(i for i, e in enumerate(kernels) if "at::native" in e["name"])
-    call = kernels[last_flush + 1:]
+        with open(f.name) as trace_file:
+            trace = json.load(trace_file)["traceEvents"]
+    device_work = ("kernel", "gpu_memset", "gpu_memcpy")
+    kernels = sorted((e for e in trace if e.get("cat") in device_work), key=lambda e: e["ts"])
+    last_flush = max((i for i, e in enumerate(kernels) if "at::native" in e["name"]), default=None)
+    call = kernels[last_flush + 1:] if last_flush is not None else []
+    if not call:
+        raise RuntimeError("kernel_times --timeline: the trace holds no kernel after an L2 flush (PyTorch's fill)")
     t0 = call[0]["ts"]
     busy_until, idle = t0, 0.0
     for e in call:
         idle += max(0.0, e["ts"] - busy_until)
         busy_until = max(busy_until, e["ts"] + e["dur"])
-        print(f"    {e['ts'] - t0:8.1f} +{e['dur']:7.1f} us  stream {e.get('args', {}).get('stream', '?'):>3}  {e['name'][:100]}")
+        stream = e.get("args", {}).get("stream", "?")
+        print(f"    {e['ts'] - t0:8.1f} +{e['dur']:7.1f} us  stream {stream:>3}  {e['name'][:100]}")
     print(f"    span {busy_until - t0:.1f} us, of which no kernel running {idle:.1f} us")
 
 
@@ -90,11 +93,14 @@ def main():
         inputs = make_inputs(B, S)
         outputs = [torch.empty_like(r) for r in reference_backward(*inputs)]  # the 8 gradients' shapes
         for name, precision in PRECISIONS.items():
-            total, count = kernel_times(tg, inputs, outputs, precision, args.calls, args.timeline)
+            total, count, prof = kernel_times(tg, inputs, outputs, precision, args.calls)
             whole = sum(total.values())
             print(f"S={S} B={B} {name}: kernels {whole:.1f} us per call")
             for kernel, us in sorted(total.items(), key=lambda kv: -kv[1]):
                 print(f"  {us:9.1f} us {100 * us / whole:5.1f}%  x{count[kernel] / args.calls:4.1f}  {kernel[:110]}")
+            if args.timeline:
+                print(f"S={S} B={B} {name}: the last call's kernels (start after its first, duration, stream)")
+                print_timeline(prof)
 
 
 if __name__ == "__main__":
