@@ -92,13 +92,15 @@ std::vector<Tensor> outputs_of(const Gradients& g);
 // the core's kernel and the projections take every operand
 // as fp16 hi + 2^-11 lo (to_fp16_split; three fp16 products: fp32-level
 // accuracy). Delta comes from the identity rowsum(dP P) = rowsum(do o), with
-// the given o: where the exact dS cancels to 0 (a row with one unmasked key,
-// or a softmax saturated to one-hot in fp32) what remains is the rounding of
-// that identity, ~2^-11 (at "high") or ~2^-22 (at "highest") of sum_j P |dP|,
-// where the spec's formula, Delta made from its own dP, cancels exactly. So
-// with a saturated softmax "highest" is off by more than 10x fp32's error
-// (measured with logits spread by ~10^4; within it with spreads of ~10:
-// tests/stress_capi.py, bench/NOTES.md version 29).
+// the given o. Where the exact dS cancels to 0 (a row with one unmasked key,
+// S = 1, or a softmax saturated to one-hot in fp32), the spec's formula,
+// Delta made from its own dP, gives exactly 0 there, and this backward the
+// rounding of that identity: ~2^-11 (at "high") or ~2^-22 (at "highest") of
+// sum_j P |dP|. With a saturated softmax (logits spread by ~10^4) that is
+// 10x to 10^5x fp32's error on dx, dWqkv, dbqkv and dE at "highest"; with
+// logits spread by ~10, or one key per row, every output is within 10x
+// fp32's error plus 1e-6 of its scale (tests/stress_capi.py, bench/NOTES.md
+// version 29).
 Gradients region_attention_backward(const BackwardInputs& in, double scale, double dropout_p,
                                     MatmulPrecision precision = MatmulPrecision::Default);
 
