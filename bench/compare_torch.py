@@ -75,15 +75,22 @@ def reference_backward(dy, x, e, Wqkv, bqkv, Wo, bo, E, w_in, w_x, a, q, k, v, s
     dP = dPd * m / (1 - P)
     dS = probs * (dP - (dP * probs).sum(-1, keepdim=True))
     dS = dS.masked_fill(a[:, None, None, :] == 0, 0.0)
+    g_E, g_win, g_wx = edit_bias_grads(dS, e, E)
+    dq = (dS @ k) * scale
+    dk = (dS.transpose(-1, -2) @ q) * scale
+    dqkv = torch.stack([dq, dk, dv], 0).permute(1, 3, 0, 2, 4).reshape(B * S, 3 * C)
+    return [(dqkv @ Wqkv).view(B, S, C), dqkv.t() @ x.reshape(B * S, C), dqkv.sum(0), g_Wo, g_bo, g_E, g_win, g_wx]
+
+
+def edit_bias_grads(dS, e, E):
+    """dE (dS summed over the batch in the [S, S] corner of E's [H, M, M], zeros elsewhere), dw_in and dw_x."""
+    S, H = dS.shape[-1], E.shape[0]
     g_E = torch.zeros_like(E)
     g_E[:, :S, :S] = dS.sum(0)
     ei, ej = e[:, None, :, None], e[:, None, None, :]
     g_win = (dS * ei * ej).sum((0, 2, 3)).view(H, 1, 1)
     g_wx = (dS * (ei * (1 - ej) + (1 - ei) * ej)).sum((0, 2, 3)).view(H, 1, 1)
-    dq = (dS @ k) * scale
-    dk = (dS.transpose(-1, -2) @ q) * scale
-    dqkv = torch.stack([dq, dk, dv], 0).permute(1, 3, 0, 2, 4).reshape(B * S, 3 * C)
-    return [(dqkv @ Wqkv).view(B, S, C), dqkv.t() @ x.reshape(B * S, C), dqkv.sum(0), g_Wo, g_bo, g_E, g_win, g_wx]
+    return g_E, g_win, g_wx
 
 
 class Tapegrad:

@@ -51,7 +51,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
-from compare_torch import D, OUTPUTS, Tapegrad  # noqa: E402
+from compare_torch import D, OUTPUTS, Tapegrad, edit_bias_grads  # noqa: E402
 
 # Per precision: the PyTorch reference whose error is the yardstick, its factor, the floor (times the output's
 # scale), and whether the identity's slack applies.
@@ -115,11 +115,7 @@ def reference_backward(cfg, dy, x, e, Wqkv, bqkv, Wo, bo, E, w_in, w_x, a, q, k,
     delta = (dP * probs).sum(-1, keepdim=True) + delta_slack * one_hot * (dP_terms * probs).sum(-1, keepdim=True)
     dS = probs * (dP - delta)
     dS = dS.masked_fill(a[:, None, None, :] == 0, 0.0)
-    g_E = torch.zeros_like(E)
-    g_E[:, :S, :S] = dS.sum(0)
-    ei, ej = e[:, None, :, None], e[:, None, None, :]
-    g_win = (dS * ei * ej).sum((0, 2, 3)).view(H, 1, 1)
-    g_wx = (dS * (ei * (1 - ej) + (1 - ei) * ej)).sum((0, 2, 3)).view(H, 1, 1)
+    g_E, g_win, g_wx = edit_bias_grads(dS, e, E)
     dq, dk, dv = (dS @ k) * scale, (dS.transpose(-1, -2) @ q) * scale, dropped.transpose(-1, -2) @ do
     dqkv = torch.stack([dq, dk, dv], 0).permute(1, 3, 0, 2, 4).reshape(B * S, 3 * C)
     grads = [(dqkv @ Wqkv).view(B, S, C), dqkv.t() @ x.reshape(B * S, C), dqkv.sum(0),
