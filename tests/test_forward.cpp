@@ -151,9 +151,10 @@ TEST_CASE("forward/fp16 GEMM operands: CUDA only, a clear error elsewhere") {
 
 // The split GEMM's stretches of k (ops/matmul.cpp): the model reproduces
 // nine of the H200 times it was fitted to (b508663's bench/split_gemm,
-// bench/results/split_gemm_v27-h200.txt, within 6%), picks the splits measured faster in session 35 (dx at 1152
-// tokens 3 stretches, 65.6 -> 52.0 us; dWqkv at 24736 tokens 2, 721 -> 658
-// us: bench/NOTES.md version 28), and on any shape leaves no stretch empty
+// bench/results/split_gemm_v27-h200.txt, within 6%), picks the splits
+// measured faster in session 35 (dx at 1152 tokens 3 stretches, 65.6 ->
+// 52.0 us; dWqkv at 24736 tokens 2, 721 -> 658 us: bench/NOTES.md version
+// 28), and on any shape leaves no stretch empty
 // (the kernel's launch check), stays within 8 waves and picks the least
 // modelled time, the fewest stretches on a tie.
 TEST_CASE("forward/split_gemm_stretches: the modelled fastest split of k, none empty, at most 8 waves") {
