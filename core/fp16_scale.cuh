@@ -42,6 +42,14 @@ __device__ __forceinline__ Half2Split split_half2(float y0, float y1) {
   return {hi, __floats2half2_rn(low_part(y0, h.x), low_part(y1, h.y))};
 }
 
+// The pair (y0, y1) as fp16 rounded to nearest, and with kLow its low parts
+// too (split_half2; lo is left unset without).
+template <bool kLow>
+__device__ __forceinline__ Half2Split half_pair(float y0, float y1) {
+  if constexpr (kLow) return split_half2(y0, y1);
+  else return {__floats2half2_rn(y0, y1), {}};
+}
+
 // 2^scale_exponent(amax, top).
 __device__ __forceinline__ float scale_below(float amax, int top) { return ldexpf(1.f, scale_exponent(amax, top)); }
 

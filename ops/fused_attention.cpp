@@ -642,11 +642,15 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
   const MatmulPrecision precision = resolve_precision(precision_in);
   const Tensor& x = in.hidden_states;
   const TensorOptions opts{x.dtype(), x.device()};
-  const Tensor dy = rows_view(in.grad_output, L.C), o = rows_view(in.attention_output, L.C);
+  // The kernels read q, k, v and o in 16-byte vectors: any that starts off a
+  // 16-byte boundary (a view into a larger buffer) is copied first.
+  const Tensor query = materialize_aligned(in.query), key = materialize_aligned(in.key),
+               value = materialize_aligned(in.value), attention_output = materialize_aligned(in.attention_output);
+  const Tensor dy = rows_view(in.grad_output, L.C), o = rows_view(attention_output, L.C);
 
   // The attention core's inputs, reading P and Pd.
   AttentionInputs core;
-  core.q = in.query, core.k = in.key, core.v = in.value;
+  core.q = query, core.k = key, core.v = value;
   core.edit_mask = in.edit_region_mask, core.attn_mask = in.attention_mask;
   core.edit_region_bias = in.edit_region_bias;
   core.within = in.within_edit_bias.view({L.H});
@@ -660,12 +664,12 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
   g.dE = out.edit_region_bias, g.dw_in = out.within_edit_bias.view({L.H}), g.dw_x = out.cross_edit_bias.view({L.H});
   const Tensor sums = empty({2, L.B, L.H, L.S}, opts);  // one fill for both
   g.colsum_ds = sums.narrow(0, 0, 1).squeeze(0), g.rowsum_pd = sums.narrow(0, 1, 1).squeeze(0);
-  // On CUDA the core reads fp16 copies of q, k and v (and of dout), at
-  // "highest" split as hi + 2^-11 lo.
+  // On CUDA the core reads fp16 copies of q (and of dout), at "highest"
+  // split as hi + 2^-11 lo; it converts k and v itself, a key tile at a time.
   const int64_t rows = L.B * L.H * L.S;
   const bool split = precision == MatmulPrecision::Highest;
-  const std::vector<Tensor> qkv_rows = {in.query.view({rows, L.D}), in.key.view({rows, L.D}), in.value.view({rows, L.D})};
-  if (x.is_cuda() && rows > 0) core.qkv_half = fp16_group(qkv_rows, split);
+  const Tensor q_rows = query.view({rows, L.D});
+  if (x.is_cuda() && rows > 0) core.qkv_half = fp16_group({q_rows}, split);
 
   // qkv = x Wqkv^T + bqkv:  dWqkv = dqkv^T x, dx = dqkv Wqkv. x and Wqkv are
   // converted on a side stream (below), dqkv once the core has written it.
@@ -676,8 +680,8 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
   // Work that waits for nothing the call computes runs beside the
   // out-projection, on three more CUDA streams (below the critical path's
   // priority in graph replay: core/cuda_context.h), all joined before the
-  // core: dE's zeros (up to 64 MiB, bandwidth-bound); the other fills and q,
-  // k, v's conversion (for the core); x's and Wqkv's conversion (for the qkv
+  // core: dE's zeros (up to 64 MiB, bandwidth-bound); the other fills and q's
+  // conversion (for the core); x's and Wqkv's conversion (for the qkv
   // projection). At small sizes these kernels are short and latency-bound:
   // side by side they end sooner than one after another (H200, C API, against
   // one side stream: 1024/1 -10 us, the "high" mean -0.8%; bench/NOTES.md
@@ -687,7 +691,7 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
   beside.run([&] {
     zero_qkv_gradient(dqkv, g);
     fill_into(sums, 0.0);
-    if (!core.qkv_half.matrices.empty()) convert_to_fp16(qkv_rows, core.qkv_half);
+    if (!core.qkv_half.matrices.empty()) convert_to_fp16({q_rows}, core.qkv_half);
   });
   projection_inputs.run([&] { qkv_proj.convert(kX, kDqkv); });
 
@@ -700,7 +704,7 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
   out_proj.into(rows_view(dout, L.C), kDy, false, kWo, false);
   g.dout = dout;
   g.delta = empty({L.B, L.H, L.S}, opts);
-  g.dout_half = delta_and_half_dout(dout, in.attention_output, g.delta, core.d, !core.qkv_half.matrices.empty(), split);
+  g.dout_half = delta_and_half_dout(dout, attention_output, g.delta, core.d, !core.qkv_half.matrices.empty(), split);
   for (cuda::Fork* fork : {&dE_zeros, &beside, &projection_inputs}) fork->join();
   TG_DISPATCH_DEVICE(x, FusedAttentionKernels, backward, core, g, precision);
 
@@ -710,7 +714,7 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
   // It runs beside the qkv projection.
   cuda::Fork biases(x.is_cuda());
   biases.run([&] {
-    TG_DISPATCH_DEVICE(x, AttentionBiasKernels, bias_sums, g.colsum_ds, g.rowsum_pd, in.key, dout, dy, scale,
+    TG_DISPATCH_DEVICE(x, AttentionBiasKernels, bias_sums, g.colsum_ds, g.rowsum_pd, key, dout, dy, scale,
                        out.qkv_bias, out.out_bias, bias_scratch);
   });
   qkv_proj.convert(kDqkv, kDqkv + 1);

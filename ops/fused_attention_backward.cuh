@@ -27,12 +27,14 @@ namespace {
 // read, during dQ and dE.
 //
 // With the Fp16 policy ("high") Q, K, V and dO arrive as fp16 copies scaled
-// by powers of two (to_fp16), K Q^T (recomputed) is unscaled, dS is scaled by
-// a power of two from a bound on |dS| before it is rounded to fp16, and every
-// product is unscaled where it is used (BackwardScales). The Fp16x3 policy
-// ("highest" reading P) is the same with every operand as fp16 hi + 2^-11 lo:
-// Q, K, V and dO from to_fp16_split's copies (both parts staged, two CTAs per
-// SM), Pd and dS split in registers.
+// by powers of two (to_fp16; reading P, K and V come as floats, and the CTA
+// scales and converts its 64 keys' rows itself: ScaledHeadRows), K Q^T
+// (recomputed) is unscaled, dS is scaled by a power of two from a bound on
+// |dS| before it is rounded to fp16, and every product is unscaled where it
+// is used (BackwardScales). The Fp16x3 policy ("highest" reading P) is the
+// same with every operand as fp16 hi + 2^-11 lo: Q and dO from
+// to_fp16_split's copies, K and V split by the CTA (both parts staged, two
+// CTAs per SM), Pd and dS split in registers.
 
 constexpr int kBwdKeys = 64, kBwdRows = 64, kBwdThreads = 128;
 static_assert(kBwdRows <= kBwdKeys && kBwdKeys <= kStride, "float tiles ([query][key] or [key][d]) fit stride kStride");
@@ -97,18 +99,25 @@ struct BackwardScales {
   float dv = 1.f, dk = 1.f, dq = 1.f;  // dV, dK, dQ = these * their products (the softmax scale included)
 };
 
+// The fp16 K and V tiles' scales: 1 / s_k, 1 / s_v and b_v (above), from
+// their group's scalars (training: qkv's fp16 copy), or the CTA's own
+// (ScaledHeadRows, the benchmark interface: s = b).
+struct KeyTileScales {
+  float inverse_k = 1.f, inverse_v = 1.f, bound_v = 1.f;
+};
+
 template <class Mma>
-__device__ BackwardScales backward_scales(const BackwardArgs& p) {
+__device__ BackwardScales backward_scales(const BackwardArgs& p, const KeyTileScales& keys) {
   BackwardScales f;
   f.dk = f.dq = p.sc.scale;
   if constexpr (TileLayout<Mma>::kHalf) {
     const HalfOperands& h = p.half;
-    f.qk = h.inverse_scale(kHalfQ) * h.inverse_scale(kHalfK);
-    f.dpd = h.inverse_scale(kHalfV) * h.inverse_scale(kHalfDO);
-    f.ds = fmaxf(0x1p-20f * h.pd_scale * h.bound_scale(kHalfV) * h.bound_scale(kHalfDO), 0x1p-126f);
+    f.qk = h.inverse_scale(kHalfQ) * keys.inverse_k;
+    f.dpd = keys.inverse_v * h.inverse_scale(kHalfDO);
+    f.ds = fmaxf(0x1p-20f * h.pd_scale * keys.bound_v * h.bound_scale(kHalfDO), 0x1p-126f);
     f.dv = h.inverse_scale(kHalfDO) / h.pd_scale;
     f.dk *= h.inverse_scale(kHalfQ) / f.ds;
-    f.dq *= h.inverse_scale(kHalfK) / f.ds;
+    f.dq *= keys.inverse_k / f.ds;
   }
   return f;
 }
@@ -202,14 +211,7 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
   const float w_in = sc.w_in[h], w_x = sc.w_x[h];
   constexpr bool recompute = !kRead;
   const int64_t query_tiles = (sc.S + kBwdRows - 1) / kBwdRows;
-  const BackwardScales factor = backward_scales<Mma>(p);
-  // Pd's factor going into the dV product (its fp16 scale with fp16 tiles).
-  // In training the keep factors carry it (kept), and dP's factor divides it out again.
-  const float pd_factor = kHalf ? p.half.pd_scale : 1.f, kept = sc.keep_scale * pd_factor;
-  const float dpd_over_pd = factor.dpd / pd_factor;
-  const float qk_scale = sc.scale * factor.qk;  // the score's factor of the K Q^T product, as in the forward
-  const auto q_rows = operand_rows<kHalf>(p.q, p.half.q), k_rows = operand_rows<kHalf>(p.k, p.half.k);
-  const auto v_rows = operand_rows<kHalf>(p.v, p.half.v);
+  const auto q_rows = operand_rows<kHalf>(p.q, p.half.q);
   const auto dout = operand_rows<kHalf>({p.dout, sc.S * C, kD, C}, {p.half.dout, sc.S * C, kD, C});
   const HeadRows<const __half> dout_low{p.half.dout_low, sc.S * C, kD, C};
   // Rows row0 .. row0 + 63 of an operand into its tile (row r at order(r)), with Fp16x3 the low parts beside them.
@@ -236,10 +238,32 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
     }
   };
 
-  copy_operand(k_rows, p.half.k_low, k0, Ks, SameRow{});
-  copy_operand(v_rows, p.half.v_low, k0, Vs, FragmentOrder{});
-  copy_queries(split);
-  async::commit();
+  // K and V: with kRead the float k and v, converted here at the CTA's own scales while the query tile's copies are
+  // in flight; in training copies of qkv's fp16 copy (or of the float rows), at its group's scales.
+  KeyTileScales keys;
+  if constexpr (kRead) {
+    copy_queries(split);
+    async::commit();
+    ScaledHeadRows<kBwdThreads, kBwdKeys, decltype(Layout::place())::kWarpRows> k_in, v_in;
+    k_in.load(p.k, b, h, k0, sc.S);
+    v_in.load(p.v, b, h, k0, sc.S);
+    keys.inverse_k = k_in.template store<Layout::kSplit>(Ks, Mma::kLowOffset, Layout::place(SameRow{}));
+    keys.inverse_v = v_in.template store<Layout::kSplit>(Vs, Mma::kLowOffset, Layout::place(FragmentOrder{}));
+    keys.bound_v = 1.f / keys.inverse_v;
+  } else {
+    copy_operand(operand_rows<kHalf>(p.k, p.half.k), p.half.k_low, k0, Ks, SameRow{});
+    copy_operand(operand_rows<kHalf>(p.v, p.half.v), p.half.v_low, k0, Vs, FragmentOrder{});
+    copy_queries(split);
+    async::commit();
+    if constexpr (kHalf)
+      keys = {p.half.inverse_scale(kHalfK), p.half.inverse_scale(kHalfV), p.half.bound_scale(kHalfV)};
+  }
+  const BackwardScales factor = backward_scales<Mma>(p, keys);
+  // Pd's factor going into the dV product (its fp16 scale with fp16 tiles).
+  // In training the keep factors carry it (kept), and dP's factor divides it out again.
+  const float pd_factor = kHalf ? p.half.pd_scale : 1.f, kept = sc.keep_scale * pd_factor;
+  const float dpd_over_pd = factor.dpd / pd_factor;
+  const float qk_scale = sc.scale * factor.qk;  // the score's factor of the K Q^T product, as in the forward
   load_key_flags(sc, b, k0, kBwdKeys, key_e, key_ok);
   async::wait<0>();
   mma::operand_tiles_written<Mma>();
@@ -499,29 +523,27 @@ KeyHalves key_halves_args(const HalfKeyGradients& kv, const AttentionDims& d) {
 }
 
 // The backward's fp16 operands: q, k, v from in.qkv_half (in training the
-// forward's copy of qkv; for the benchmark interface the caller's copies of
-// q, k and v), dout from g.dout_half; with `split` (Fp16x3) their low parts
-// too (to_fp16_split's groups).
+// forward's copy of qkv; for the benchmark interface the caller's copy of
+// q alone: the kernel converts k and v itself), dout from g.dout_half; with
+// `split` (Fp16x3) the low parts of q and dout too (to_fp16_split's groups).
 HalfOperands half_operands(const AttentionInputs& in, const AttentionGradTensors& g, bool read, bool split) {
   const AttentionDims d = in.d;
   TG_CHECK(g.dout_half.matrices.size() == 1, "fused_attention_backward: fp16 tiles need dout's fp16 copy");
-  TG_CHECK(!split || (read && in.qkv_half.lows.size() == 3 && g.dout_half.lows.size() == 1),
-           "fused_attention_backward: split fp16 tiles read P and need the low parts of q, k, v and dout "
+  TG_CHECK(!split || (read && in.qkv_half.lows.size() == 1 && g.dout_half.lows.size() == 1),
+           "fused_attention_backward: split fp16 tiles read P and need the low parts of q and dout "
            "(to_fp16_split); got ", in.qkv_half.lows.size(), " and ", g.dout_half.lows.size());
   HalfOperands h;
   if (read) {
-    TG_CHECK(in.qkv_half.matrices.size() == 3, "fused_attention_backward: fp16 tiles reading P need q, k, v's "
-             "fp16 copies (three matrices), got ", in.qkv_half.matrices.size());
+    TG_CHECK(in.qkv_half.matrices.size() == 1, "fused_attention_backward: fp16 tiles reading P need q's "
+             "fp16 copy (one matrix), got ", in.qkv_half.matrices.size());
     const auto heads = [&](const Fp16Matrix& m) {
       return HeadRows<const __half>{half_values(m), d.H * d.S * kD, d.S * kD, kD};
     };
-    const auto& hi = in.qkv_half.matrices;
     const float* s = in.qkv_half.scalars.data<float>();
-    h = {heads(hi[kHalfQ]), heads(hi[kHalfK]), heads(hi[kHalfV]), nullptr, {s, s, s, nullptr}, {0, 1, 2, 0},
+    h = {heads(in.qkv_half.matrices[0]), {}, {}, nullptr, {s, nullptr, nullptr, nullptr}, {0, 0, 0, 0},
          pd_scale(in.p)};
     if (split) {
-      const auto& lo = in.qkv_half.lows;
-      h.q_low = heads(lo[kHalfQ]), h.k_low = heads(lo[kHalfK]), h.v_low = heads(lo[kHalfV]);
+      h.q_low = heads(in.qkv_half.lows[0]);
       h.dout_low = half_values(g.dout_half.lows[0]);
     }
   } else {

@@ -29,11 +29,12 @@ inline void check_cuda_batch_heads(const char* op, int64_t B, int64_t H) {
 // The forward's inputs. q, k, v: [B,H,S,D] tensors with a unit d stride
 // (views of the projection qkv [B,S,3C], or contiguous tensors).
 struct AttentionInputs {
-  Tensor q, k, v;                            // undefined in a backward that reads qkv_half
+  Tensor q, k, v;                            // undefined in a training backward that reads qkv_half
   Tensor qkv;                                // optional: the contiguous [B,S,3C] tensor q, k, v are views of
   Fp16Group qkv_half;                        // on CUDA at "high": in training qkv's fp16 copy (to_fp16, one
                                              // matrix), made for the forward, kept for the backward; in the
-                                             // benchmark interface q, k, v's ([B H S, D] each, three matrices)
+                                             // benchmark interface q's ([B H S, D], one matrix; the kernel
+                                             // converts the float k and v a key tile at a time)
   Tensor edit_mask, attn_mask;               // [B,S], 0/1, contiguous
   Tensor edit_region_bias, within, cross;    // [H,M,M], [H], [H], contiguous
   AttentionDims d;

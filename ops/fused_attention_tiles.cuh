@@ -178,6 +178,62 @@ __device__ void copy_head_rows(const HeadRows<const T>& x, int64_t b, int64_t h,
   }
 }
 
+// kRows rows of one head of a float operand on their way into an fp16 tile
+// that the kernel scales itself (the benchmark interface's K and V: a CTA
+// stages its keys once, so reading the float rows here replaces a
+// conversion pass before the kernel; bench/NOTES.md, version 30). Each
+// thread holds the 16-byte chunks copy_head_rows would copy (HeadChunks) as
+// floats: load, then every thread calls store, which scales the tile by
+// 2^e, e from its largest finite |x| as to_fp16 puts a matrix's (in [2^13,
+// 2^14)), and returns 2^-e.
+template <int kThreads, int kRows, int kWarpRows>
+struct ScaledHeadRows {
+  using Chunks = HeadChunks<kThreads, __half, kWarpRows>;
+  static_assert(Chunks::covers_each_chunk_once() && kRows % Chunks::kRowStep == 0,
+                "the threads hold every chunk of the tile exactly once");
+  static constexpr int kChunks = kRows / Chunks::kRowStep, kPerChunk = Chunks::kPerChunk;
+  static_assert(kPerChunk == 8, "a chunk is four fp16 pairs");
+  float x[kChunks][kPerChunk];
+  float amax = 0.f;  // of this thread's finite elements
+
+  // Rows row0 .. row0 + kRows - 1 (zeros past S), 16-byte aligned (check_rows).
+  __device__ void load(const HeadRows<const float>& rows, int64_t b, int64_t h, int64_t row0, int64_t S) {
+#pragma unroll
+    for (int k = 0; k < kChunks; ++k) {
+      const int64_t s = row0 + Chunks::first_row() + k * Chunks::kRowStep;
+      const float4* from = reinterpret_cast<const float4*>(rows.row(b, h, s < S ? s : 0) + Chunks::col());
+#pragma unroll
+      for (int i = 0; i < kPerChunk; i += 4) {
+        const float4 v = s < S ? from[i / 4] : float4{};
+        x[k][i] = v.x, x[k][i + 1] = v.y, x[k][i + 2] = v.z, x[k][i + 3] = v.w;
+        amax = fmaxf(amax, finite_abs_max(v));
+      }
+    }
+  }
+
+  // Element (r, col) to dst + at(r, col), with kLow its low part low_offset further.
+  template <bool kLow, class Place>
+  __device__ float store(__half* dst, int low_offset, const Place& at) {
+    static_assert(Place::kWarpRows == kWarpRows, "the placement the chunks were chosen for");
+    const int e = scale_exponent(block_max(amax), 14);
+    const float scale = ldexpf(1.f, e);
+#pragma unroll
+    for (int k = 0; k < kChunks; ++k) {
+      Half2Split pairs[kPerChunk / 2];
+#pragma unroll
+      for (int i = 0; i < kPerChunk / 2; ++i) pairs[i] = half_pair<kLow>(scale * x[k][2 * i], scale * x[k][2 * i + 1]);
+      const int offset = at(Chunks::first_row() + k * Chunks::kRowStep, Chunks::col());
+      const auto chunk = [&](bool low) {
+        const auto word = [&](int i) { return reinterpret_cast<const uint32_t&>(low ? pairs[i].lo : pairs[i].hi); };
+        return make_uint4(word(0), word(1), word(2), word(3));
+      };
+      *reinterpret_cast<uint4*>(dst + offset) = chunk(false);
+      if constexpr (kLow) *reinterpret_cast<uint4*>(dst + offset + low_offset) = chunk(true);
+    }
+    return ldexpf(1.f, -e);
+  }
+};
+
 // Queues the copy of a kRows x kCols tile of a row-major global matrix (row
 // stride ld) into shared memory (row stride dst_stride); elements at row >=
 // rows or column >= cols become zeros. A thread keeps one column (or quad of

@@ -129,13 +129,9 @@ static_assert(kLowPartFactor == kFp16LowFactor, "the scalars' low alphas undo co
 // rounded to fp16; with kLow pair i of low: their low parts (split_half2).
 template <bool kLow>
 __device__ __forceinline__ void store_pair(__half* out, __half* low, int64_t i, float y0, float y1) {
-  if constexpr (kLow) {
-    const Half2Split s = split_half2(y0, y1);
-    reinterpret_cast<__half2*>(out)[i] = s.hi;
-    reinterpret_cast<__half2*>(low)[i] = s.lo;
-  } else {
-    reinterpret_cast<__half2*>(out)[i] = __floats2half2_rn(y0, y1);
-  }
+  const Half2Split s = half_pair<kLow>(y0, y1);
+  reinterpret_cast<__half2*>(out)[i] = s.hi;
+  if constexpr (kLow) reinterpret_cast<__half2*>(low)[i] = s.lo;
 }
 
 // Fp16HeadDots: adds the dot of quad q of x (v, in column col) with

@@ -153,6 +153,50 @@ TEST_CASE("fused/benchmark interface: edge shapes and masks" * doctest::skip(kNo
   }
 }
 
+// Every input and output a contiguous view that starts 4 bytes past a
+// 16-byte boundary (a slice of a larger buffer, as a caller of the C API may
+// pass): the interface copies q, k, v and o, which its kernels read in
+// 16-byte vectors, and reads the rest where they lie (P, Pd and E by 4-byte
+// copies, the fp16 conversions and GEMMs through their unaligned paths);
+// the outputs are written where they lie (dE's zeros by the fill's scalar
+// path, its sums by single-float atomics), under the same rules.
+TEST_CASE("fused/benchmark interface: inputs and outputs off a 16-byte boundary" * doctest::skip(kNoGpu)) {
+  tg::manual_seed(107);
+  const Spec s{2, 77, 128, 2, 150, 0.1};
+  BackwardInputs in = make_backward_inputs(s);
+  const auto off_boundary = [](const tg::Shape& shape) {  // poisoned with NaN, as every allocation here
+    const int64_t n = tg::numel(shape);
+    tg::Tensor view = tg::empty({n + 1}, {tg::DType::Float32, tg::Device::CUDA}).narrow(0, 1, n).view(shape);
+    REQUIRE(reinterpret_cast<uintptr_t>(view.raw_data()) % 16 != 0);
+    return view;
+  };
+  for (tg::Tensor* t : {&in.grad_output, &in.hidden_states, &in.edit_region_mask, &in.qkv_weight, &in.qkv_bias,
+                        &in.out_weight, &in.out_bias, &in.edit_region_bias, &in.within_edit_bias,
+                        &in.cross_edit_bias, &in.attention_mask, &in.query, &in.key, &in.value,
+                        &in.attention_scores, &in.attention_probs, &in.attention_probs_dropped,
+                        &in.attention_output, &in.dropout_mask})
+    *t = off_boundary(t->shape()).copy_(*t);
+  check_case(s, 0.05, in);
+
+  const double scale = 1 / std::sqrt(double(s.C / s.H));
+  const auto into_off_boundary = [&](tg::MatmulPrecision precision) {
+    const Gradients like = tg::fused::region_attention_backward(in, scale, s.p, precision);
+    Gradients out;
+    for (auto [to, from] : {std::pair{&out.hidden_states, &like.hidden_states}, {&out.qkv_weight, &like.qkv_weight},
+                            {&out.qkv_bias, &like.qkv_bias}, {&out.out_weight, &like.out_weight},
+                            {&out.out_bias, &like.out_bias}, {&out.edit_region_bias, &like.edit_region_bias},
+                            {&out.within_edit_bias, &like.within_edit_bias},
+                            {&out.cross_edit_bias, &like.cross_edit_bias}})
+      *to = off_boundary(from->shape());
+    tg::fused::region_attention_backward_into(in, scale, s.p, precision, out);
+    return out;
+  };
+  const Gradients ref32 = reference_backward(in, scale, s.p, tg::DType::Float32);
+  check_benchmark_rule(into_off_boundary(tg::MatmulPrecision::High), ref32, 0.05);
+  check_near_fp32(into_off_boundary(tg::MatmulPrecision::Highest), ref32,
+                  reference_backward(in, scale, s.p, tg::DType::Float64));
+}
+
 // Powers of two of the inputs scale every output by a power of two, exactly:
 // with query, key, value (and attention_output = Pd value) and grad_output
 // times 2^q, 2^k, 2^v, 2^dy and P, Pd as given, dS scales by 2^e, e = v + dy,
