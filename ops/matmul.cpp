@@ -296,7 +296,7 @@ double split_gemm_model_us(int64_t rows, int64_t cols, int64_t depth, int64_t st
   TG_CHECK(rows > 0 && cols > 0 && depth > 0 && stretches > 0 && sms > 0, "split_gemm_model_us: c [", rows, ", ",
            cols, "] over depth ", depth, " in ", stretches, " stretches on ", sms, " SMs: each must be positive");
   constexpr double kFixedUs = 3.0, kChunkUs = 1.1, kCtaChunks = 2.5, kAddLaunchUs = 2.0, kAddBytesPerUs = 3.5e6;
-  const int64_t chunks = split_gemm_chunks(depth), per_stretch = (chunks + stretches - 1) / stretches;
+  const int64_t per_stretch = split_gemm_chunks_per_stretch(split_gemm_chunks(depth), stretches);
   const int64_t waves = (split_gemm_tiles(rows, cols) * stretches + sms - 1) / sms;
   const double c_bytes = double(rows) * double(cols) * sizeof(float);
   const double add = stretches > 1 ? kAddLaunchUs + double(stretches + 1) * c_bytes / kAddBytesPerUs : 0;

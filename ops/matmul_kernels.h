@@ -193,6 +193,10 @@ constexpr int64_t split_gemm_tiles(int64_t rows, int64_t cols) {
   return (rows + kSplitGemmRows - 1) / kSplitGemmRows * ((cols + kSplitGemmCols - 1) / kSplitGemmCols);
 }
 constexpr int64_t split_gemm_chunks(int64_t depth) { return (depth + kSplitGemmDepth - 1) / kSplitGemmDepth; }
+// The chunks of each stretch but the last (which holds the rest) when `chunks` go in `stretches`.
+TG_HD constexpr int64_t split_gemm_chunks_per_stretch(int64_t chunks, int64_t stretches) {
+  return (chunks + stretches - 1) / stretches;
+}
 // Its stretches for c [rows, cols] over depth on a device of `sms` SMs: the
 // count of least modelled time (split_gemm_model_us, ops/matmul.cpp), none
 // left empty, at most 8 waves of CTAs (which bounds the partials'

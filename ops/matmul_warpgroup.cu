@@ -86,7 +86,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // blockIdx.x walks the columns: the CTAs resident at once share A's rows (read from DRAM about once).
   const int row0 = static_cast<int>(blockIdx.y) * kRows, col0 = static_cast<int>(blockIdx.x) * kCols;
   const int all_chunks = static_cast<int>(split_gemm_chunks(g.depth));  // k past depth arrives as zeros
-  const int per_split = (all_chunks + g.splits - 1) / g.splits, first_chunk = static_cast<int>(blockIdx.z) * per_split;
+  const int per_split = static_cast<int>(split_gemm_chunks_per_stretch(all_chunks, g.splits));
+  const int first_chunk = static_cast<int>(blockIdx.z) * per_split;
   const int chunks = min(per_split, all_chunks - first_chunk);  // >= 1: the host's splits leave none empty
   const int warpgroup = static_cast<int>(threadIdx.x) / 128;
   const auto stage_of = [&](int chunk) { return stages + (chunk % kStages) * kStageHalves; };
@@ -176,7 +177,7 @@ void launch_split_gemm_warpgroup(const SplitGemm& g) {
   const char* op = "gemm_fp16";
   TG_CHECK(split_gemm_takes(g), "split_gemm (internal): a product it does not take: ", g.rows, " x ", g.depth, " @ ",
            g.depth, " x ", g.cols, " (sizes or alignment)");
-  const int64_t chunks = split_gemm_chunks(g.depth), per_split = (chunks + g.splits - 1) / g.splits;
+  const int64_t chunks = split_gemm_chunks(g.depth), per_split = split_gemm_chunks_per_stretch(chunks, g.splits);
   TG_CHECK(g.splits >= 1 && g.splits <= 65535 && (g.splits - 1) * per_split < chunks && (g.splits == 1 || g.partials),
            "split_gemm (internal): ", g.splits, " splits of ", chunks, " chunks leave one empty or have no partials");
   if (!g.transpose_a && !g.transpose_b) launch<false, false>(g, op);
