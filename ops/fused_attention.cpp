@@ -642,8 +642,9 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
   const MatmulPrecision precision = resolve_precision(precision_in);
   const Tensor& x = in.hidden_states;
   const TensorOptions opts{x.dtype(), x.device()};
-  // The kernels read q, k, v and o in 16-byte vectors: any that starts off a
-  // 16-byte boundary (a view into a larger buffer) is copied first.
+  // The backward's kernel reads k and v, and Delta's pass o, in 16-byte
+  // vectors (and checks q's rows as it checks theirs): any of the four that
+  // starts off a 16-byte boundary (a view into a larger buffer) is copied first.
   const Tensor query = materialize_aligned(in.query), key = materialize_aligned(in.key),
                value = materialize_aligned(in.value), attention_output = materialize_aligned(in.attention_output);
   const Tensor dy = rows_view(in.grad_output, L.C), o = rows_view(attention_output, L.C);

@@ -347,7 +347,7 @@ void FusedAttentionKernels<Device::CUDA>::backward(const AttentionInputs& in, co
     return;
   }
   check_cuda_batch_heads("fused_attention_backward", in.d.B, in.d.H);
-  const bool half_qkv = !in.qkv_half.matrices.empty();  // q, k, v read from fp16 copies
+  const bool half_qkv = !in.qkv_half.matrices.empty();  // fp16 copies read (in training q, k, v undefined then)
   for (const auto& [t, name] : {std::pair{&in.q, "q"}, {&in.k, "k"}, {&in.v, "v"}, {&g.dq, "dq"}, {&g.dk, "dk"},
                                 {&g.dv, "dv"}})
     if (!half_qkv || t->defined()) check_rows(name, *t);

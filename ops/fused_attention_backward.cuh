@@ -24,7 +24,8 @@ namespace {
 // Loads are cp.async groups, issued ahead of their use: this tile's S x S
 // input (P, or the edit_region_bias corner) while dPd^T is computed; the next
 // tile's Q, dO, per-query e, Delta (lse) and Pd as soon as this tile's are
-// read, during dQ and dE.
+// read, during dQ and dE. (Reading P, the CTA's K and V are plain loads,
+// converted to fp16 once, at the start.)
 //
 // With the Fp16 policy ("high") Q, K, V and dO arrive as fp16 copies scaled
 // by powers of two (to_fp16; reading P, K and V come as floats, and the CTA
@@ -90,8 +91,9 @@ struct BackwardArgs {
 // max|dO| max|v| < 2^34 / (b_dO b_v); |dP| is at most keep_scale times that,
 // |Delta| <= max |dP| (a convex combination), and |dS| = P |dP - Delta| <
 // 2^(35 + e_keep) / (b_dO b_v). dS is stored as s_dS dS with s_dS = 2^-(20 +
-// e_keep) b_dO b_v, under 2^15 < 65504; Pd, at most keep_scale, as 2^-e_keep
-// Pd, under 1, for any p.
+// e_keep) b_dO b_v, under 2^15 < 65504 (with a key tile's own b_v, capped by
+// Delta's bound: KeyTileScales); Pd, at most keep_scale, as 2^-e_keep Pd,
+// under 1, for any p.
 struct BackwardScales {
   float qk = 1.f;   // q . k = qk * (the K Q^T product)
   float dpd = 1.f;  // dPd = dpd * (the V dO^T product)
@@ -101,10 +103,19 @@ struct BackwardScales {
 
 // The fp16 K and V tiles' scales: 1 / s_k, 1 / s_v and b_v (above), from
 // their group's scalars (training: qkv's fp16 copy), or the CTA's own
-// (ScaledHeadRows, the benchmark interface: s = b).
+// (ScaledHeadRows, the benchmark interface: s = b, and b_v infinite for a
+// tile of zeros). A tile's b_v bounds dPd at its own keys but not Delta,
+// which sums over every key of a row: then bound_delta, 2^e with max |Delta|
+// 2^e in [2^13, 2^14) over the CTA's (b, h) (infinite for all zeros), caps
+// s_dS too, so that s_dS |dS| <= s_dS (|dP| + |Delta|) < 2^14 + 2^14.
 struct KeyTileScales {
-  float inverse_k = 1.f, inverse_v = 1.f, bound_v = 1.f;
+  float inverse_k = 1.f, inverse_v = 1.f, bound_v = 1.f, bound_delta = INFINITY;
 };
+
+// 2^e with amax 2^e in [2^13, 2^14), or infinity (no bound) for amax = 0.
+__device__ __forceinline__ float bound_scale_of(float amax) {
+  return amax > 0.f ? ldexpf(1.f, scale_exponent(amax, 14)) : INFINITY;
+}
 
 template <class Mma>
 __device__ BackwardScales backward_scales(const BackwardArgs& p, const KeyTileScales& keys) {
@@ -114,7 +125,8 @@ __device__ BackwardScales backward_scales(const BackwardArgs& p, const KeyTileSc
     const HalfOperands& h = p.half;
     f.qk = h.inverse_scale(kHalfQ) * keys.inverse_k;
     f.dpd = keys.inverse_v * h.inverse_scale(kHalfDO);
-    f.ds = fmaxf(0x1p-20f * h.pd_scale * keys.bound_v * h.bound_scale(kHalfDO), 0x1p-126f);
+    const float ds = fminf(0x1p-20f * h.pd_scale * keys.bound_v * h.bound_scale(kHalfDO), keys.bound_delta);
+    f.ds = isinf(ds) ? 1.f : fminf(fmaxf(ds, 0x1p-126f), 0x1p126f);  // infinite: dS is 0 (no dPd, no Delta)
     f.dv = h.inverse_scale(kHalfDO) / h.pd_scale;
     f.dk *= h.inverse_scale(kHalfQ) / f.ds;
     f.dq *= keys.inverse_k / f.ds;
@@ -247,12 +259,18 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
     ScaledHeadRows<kBwdThreads, kBwdKeys, decltype(Layout::place())::kWarpRows> k_in, v_in;
     k_in.load(p.k, b, h, k0, sc.S);
     v_in.load(p.v, b, h, k0, sc.S);
+    float delta_amax = 0.f;  // over the (b, h)'s rows: Delta sums over every key tile's v
+    const float* deltas = p.delta + bh * sc.S;
+    for (int i = threadIdx.x; i < static_cast<int>(sc.S); i += kBwdThreads)
+      delta_amax = fmaxf(delta_amax, finite_abs(deltas[i]));
+    keys.bound_delta = bound_scale_of(block_max(delta_amax));
     keys.inverse_k = k_in.template store<Layout::kSplit>(Ks, Mma::kLowOffset, Layout::place(SameRow{}));
     keys.inverse_v = v_in.template store<Layout::kSplit>(Vs, Mma::kLowOffset, Layout::place(FragmentOrder{}));
-    keys.bound_v = 1.f / keys.inverse_v;
+    keys.bound_v = bound_scale_of(v_in.tile_amax);
   } else {
-    copy_operand(operand_rows<kHalf>(p.k, p.half.k), p.half.k_low, k0, Ks, SameRow{});
-    copy_operand(operand_rows<kHalf>(p.v, p.half.v), p.half.v_low, k0, Vs, FragmentOrder{});
+    static_assert(!Layout::kSplit, "split tiles read P (the benchmark interface)");
+    copy_operand(operand_rows<kHalf>(p.k, p.half.k), HeadRows<const __half>{}, k0, Ks, SameRow{});
+    copy_operand(operand_rows<kHalf>(p.v, p.half.v), HeadRows<const __half>{}, k0, Vs, FragmentOrder{});
     copy_queries(split);
     async::commit();
     if constexpr (kHalf)

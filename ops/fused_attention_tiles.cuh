@@ -184,8 +184,8 @@ __device__ void copy_head_rows(const HeadRows<const T>& x, int64_t b, int64_t h,
 // conversion pass before the kernel; bench/NOTES.md, version 30). Each
 // thread holds the 16-byte chunks copy_head_rows would copy (HeadChunks) as
 // floats: load, then every thread calls store, which scales the tile by
-// 2^e, e from its largest finite |x| as to_fp16 puts a matrix's (in [2^13,
-// 2^14)), and returns 2^-e.
+// 2^e, e from its largest finite |x| (tile_amax, put in [2^13, 2^14) as
+// to_fp16's bound scale puts a matrix's), and returns 2^-e.
 template <int kThreads, int kRows, int kWarpRows>
 struct ScaledHeadRows {
   using Chunks = HeadChunks<kThreads, __half, kWarpRows>;
@@ -194,7 +194,8 @@ struct ScaledHeadRows {
   static constexpr int kChunks = kRows / Chunks::kRowStep, kPerChunk = Chunks::kPerChunk;
   static_assert(kPerChunk == 8, "a chunk is four fp16 pairs");
   float x[kChunks][kPerChunk];
-  float amax = 0.f;  // of this thread's finite elements
+  float amax = 0.f;       // of this thread's finite elements
+  float tile_amax = 0.f;  // of the tile's, after store
 
   // Rows row0 .. row0 + kRows - 1 (zeros past S), 16-byte aligned (check_rows).
   __device__ void load(const HeadRows<const float>& rows, int64_t b, int64_t h, int64_t row0, int64_t S) {
@@ -215,7 +216,8 @@ struct ScaledHeadRows {
   template <bool kLow, class Place>
   __device__ float store(__half* dst, int low_offset, const Place& at) {
     static_assert(Place::kWarpRows == kWarpRows, "the placement the chunks were chosen for");
-    const int e = scale_exponent(block_max(amax), 14);
+    tile_amax = block_max(amax);
+    const int e = scale_exponent(tile_amax, 14);
     const float scale = ldexpf(1.f, e);
 #pragma unroll
     for (int k = 0; k < kChunks; ++k) {
@@ -389,7 +391,9 @@ __device__ __forceinline__ float keep_factor(const ScoreArgs& sc, uint32_t bits,
 // its storage scale s_x (x is stored as s_x x, and the group's alpha of (x,
 // x) is 1 / s_x^2) and its bound scale b_x (max |b_x x| < 2^14); and Pd's
 // scale 2^-e_keep, keep_scale = 1 / (1 - p) < 2^e_keep, so that the fp16 Pd is
-// under 1 for any p.
+// under 1 for any p. The backward reading P (the benchmark interface) has no
+// copies of k and v (k, v and their scalars null): it converts their float
+// rows a key tile at a time, at the tile's own scales (ScaledHeadRows).
 constexpr int kHalfQ = 0, kHalfK = 1, kHalfV = 2, kHalfDO = 3;
 constexpr int kHalfStride = 72;  // fp16 tiles: 144-byte rows, so ldmatrix's 8 rows hit distinct banks
 static_assert(kHalfStride >= kD && kHalfStride % 8 == 0 && (kHalfStride / 2) % 32 == 4, "kHalfStride: see above");
@@ -404,8 +408,8 @@ struct HalfOperands {
   const float* scalars[4];   // of q, k, v, dO
   int matrix[4];             // of q, k, v, dO in its group
   float pd_scale;
-  // With the Fp16x3 policy: the low parts of q, k, v and dO (to_fp16_split), at the same scales.
-  HeadRows<const __half> q_low{}, k_low{}, v_low{};
+  // With the Fp16x3 policy: the low parts of q and dO (to_fp16_split), at the same scales.
+  HeadRows<const __half> q_low{};
   const __half* dout_low = nullptr;
   __device__ float inverse_scale(int x) const { return fp16_inverse_scale(scalars[x], matrix[x]); }  // 1 / s_x
   __device__ float bound_scale(int x) const { return scalars[x][kFp16BoundScales + matrix[x]]; }

@@ -194,7 +194,7 @@ constexpr int64_t split_gemm_tiles(int64_t rows, int64_t cols) {
 }
 constexpr int64_t split_gemm_chunks(int64_t depth) { return (depth + kSplitGemmDepth - 1) / kSplitGemmDepth; }
 // The chunks of each stretch but the last (which holds the rest) when `chunks` go in `stretches`.
-TG_HD constexpr int64_t split_gemm_chunks_per_stretch(int64_t chunks, int64_t stretches) {
+constexpr int64_t split_gemm_chunks_per_stretch(int64_t chunks, int64_t stretches) {
   return (chunks + stretches - 1) / stretches;
 }
 // Its stretches for c [rows, cols] over depth on a device of `sms` SMs: the

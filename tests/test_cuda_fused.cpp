@@ -5,6 +5,7 @@
 // capture. Every device allocation is poisoned with NaN (tests/main_cuda.cpp).
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <string>
 
@@ -88,15 +89,17 @@ void check_near_fp32(const Gradients& highest, const Gradients& ref32, const Gra
 // on compute capability 9.0 the warpgroup-MMA kernel (the default there) and
 // the mma.sync one (enable_warpgroup_attention(false)); elsewhere the
 // mma.sync one alone.
-std::vector<std::pair<std::string, Gradients>> by_kernel(const BackwardInputs& in, double scale, double p,
-                                                         tg::MatmulPrecision precision) {
-  const auto run = [&] { return tg::fused::region_attention_backward(in, scale, p, precision); };
+std::vector<std::pair<std::string, Gradients>> by_kernel(const std::function<Gradients()>& run) {
   std::vector<std::pair<std::string, Gradients>> out;
   if (tg::cuda::context().major == 9 && tg::cuda::context().minor == 0) out.emplace_back("warpgroup", run());
   tg::cuda::enable_warpgroup_attention(false);
   out.emplace_back("mma.sync", run());
   tg::cuda::enable_warpgroup_attention(true);
   return out;
+}
+std::vector<std::pair<std::string, Gradients>> by_kernel(const BackwardInputs& in, double scale, double p,
+                                                         tg::MatmulPrecision precision) {
+  return by_kernel([&] { return tg::fused::region_attention_backward(in, scale, p, precision); });
 }
 
 void check_case(const Spec& s, double atol, const BackwardInputs& in) {
@@ -159,42 +162,82 @@ TEST_CASE("fused/benchmark interface: edge shapes and masks" * doctest::skip(kNo
 // 16-byte vectors, and reads the rest where they lie (P, Pd and E by 4-byte
 // copies, the fp16 conversions and GEMMs through their unaligned paths);
 // the outputs are written where they lie (dE's zeros by the fill's scalar
-// path, its sums by single-float atomics), under the same rules.
+// path, its sums by single-float atomics), under the same rules, on each
+// kernel. At S = 77, M = 150 the rows of P, Pd and dE are not whole quads
+// anyway; at S = 128, M = 160 they are, so the addresses alone decide (B = 1:
+// dE's corner stored, B = 2: added).
 TEST_CASE("fused/benchmark interface: inputs and outputs off a 16-byte boundary" * doctest::skip(kNoGpu)) {
   tg::manual_seed(107);
-  const Spec s{2, 77, 128, 2, 150, 0.1};
-  BackwardInputs in = make_backward_inputs(s);
   const auto off_boundary = [](const tg::Shape& shape) {  // poisoned with NaN, as every allocation here
     const int64_t n = tg::numel(shape);
     tg::Tensor view = tg::empty({n + 1}, {tg::DType::Float32, tg::Device::CUDA}).narrow(0, 1, n).view(shape);
     REQUIRE(reinterpret_cast<uintptr_t>(view.raw_data()) % 16 != 0);
     return view;
   };
-  for (tg::Tensor* t : {&in.grad_output, &in.hidden_states, &in.edit_region_mask, &in.qkv_weight, &in.qkv_bias,
-                        &in.out_weight, &in.out_bias, &in.edit_region_bias, &in.within_edit_bias,
-                        &in.cross_edit_bias, &in.attention_mask, &in.query, &in.key, &in.value,
-                        &in.attention_scores, &in.attention_probs, &in.attention_probs_dropped,
-                        &in.attention_output, &in.dropout_mask})
-    *t = off_boundary(t->shape()).copy_(*t);
-  check_case(s, 0.05, in);
+  for (const Spec& s : {Spec{2, 77, 128, 2, 150, 0.1}, Spec{2, 128, 128, 2, 160, 0.1}, Spec{1, 128, 128, 2, 160, 0.1}}) {
+    CAPTURE(s.B);
+    CAPTURE(s.S);
+    BackwardInputs in = make_backward_inputs(s);
+    for (tg::Tensor* t : {&in.grad_output, &in.hidden_states, &in.edit_region_mask, &in.qkv_weight, &in.qkv_bias,
+                          &in.out_weight, &in.out_bias, &in.edit_region_bias, &in.within_edit_bias,
+                          &in.cross_edit_bias, &in.attention_mask, &in.query, &in.key, &in.value,
+                          &in.attention_scores, &in.attention_probs, &in.attention_probs_dropped,
+                          &in.attention_output, &in.dropout_mask})
+      *t = off_boundary(t->shape()).copy_(*t);
+    check_case(s, 0.05, in);
 
-  const double scale = 1 / std::sqrt(double(s.C / s.H));
-  const auto into_off_boundary = [&](tg::MatmulPrecision precision) {
-    const Gradients like = tg::fused::region_attention_backward(in, scale, s.p, precision);
-    Gradients out;
-    for (auto [to, from] : {std::pair{&out.hidden_states, &like.hidden_states}, {&out.qkv_weight, &like.qkv_weight},
-                            {&out.qkv_bias, &like.qkv_bias}, {&out.out_weight, &like.out_weight},
-                            {&out.out_bias, &like.out_bias}, {&out.edit_region_bias, &like.edit_region_bias},
-                            {&out.within_edit_bias, &like.within_edit_bias},
-                            {&out.cross_edit_bias, &like.cross_edit_bias}})
-      *to = off_boundary(from->shape());
-    tg::fused::region_attention_backward_into(in, scale, s.p, precision, out);
-    return out;
-  };
-  const Gradients ref32 = reference_backward(in, scale, s.p, tg::DType::Float32);
-  check_benchmark_rule(into_off_boundary(tg::MatmulPrecision::High), ref32, 0.05);
-  check_near_fp32(into_off_boundary(tg::MatmulPrecision::Highest), ref32,
-                  reference_backward(in, scale, s.p, tg::DType::Float64));
+    const double scale = 1 / std::sqrt(double(s.C / s.H));
+    const auto into_off_boundary = [&](tg::MatmulPrecision precision) {
+      const Gradients like = tg::fused::region_attention_backward(in, scale, s.p, precision);
+      return by_kernel([&] {
+        Gradients out;
+        for (auto [to, from] :
+             {std::pair{&out.hidden_states, &like.hidden_states}, {&out.qkv_weight, &like.qkv_weight},
+              {&out.qkv_bias, &like.qkv_bias}, {&out.out_weight, &like.out_weight}, {&out.out_bias, &like.out_bias},
+              {&out.edit_region_bias, &like.edit_region_bias}, {&out.within_edit_bias, &like.within_edit_bias},
+              {&out.cross_edit_bias, &like.cross_edit_bias}})
+          *to = off_boundary(from->shape());
+        tg::fused::region_attention_backward_into(in, scale, s.p, precision, out);
+        return out;
+      });
+    };
+    const Gradients ref32 = reference_backward(in, scale, s.p, tg::DType::Float32);
+    const Gradients ref64 = reference_backward(in, scale, s.p, tg::DType::Float64);
+    for (const auto& [kernel, grads] : into_off_boundary(tg::MatmulPrecision::High)) {
+      CAPTURE(kernel);
+      check_benchmark_rule(grads, ref32, 0.05);
+    }
+    for (const auto& [kernel, grads] : into_off_boundary(tg::MatmulPrecision::Highest)) {
+      CAPTURE(kernel);
+      check_near_fp32(grads, ref32, ref64);
+    }
+  }
+}
+
+// A key tile of v far smaller than the others, or all zeros. The backward
+// scales each key tile's V by its own power of two, so such a tile's b_v
+// allows a large dS scale (or, for zeros, none at all), while Delta sums over
+// every key tile of the row: dS's scale is capped by Delta's bound too
+// (KeyTileScales), or the fp16 dS of that tile's keys (about -P Delta)
+// overflows to Inf (at 2^-30, by about 2^9 from the spec's magnitudes, an
+// estimate) or, for a tile of zeros scaled by 1, sinks into fp16's
+// subnormals. attention_output = Pd v
+// is made again from the changed v, so that Delta = rowsum(do o) stays the
+// spec's.
+TEST_CASE("fused/benchmark interface: a key tile of v far smaller than the rest, or zeros" * doctest::skip(kNoGpu)) {
+  tg::manual_seed(108);
+  const Spec s{2, 128, 128, 2, 160, 0.1};
+  for (const double factor : {0x1p-30, 0.0}) {
+    CAPTURE(factor);
+    BackwardInputs in = make_backward_inputs(s);
+    tg::Tensor v = in.value.clone();
+    v.narrow(2, 64, s.S - 64).copy_(tg::mul(in.value.narrow(2, 64, s.S - 64), factor));
+    in.value = v;
+    in.attention_output = tg::matmul(in.attention_probs_dropped, v, tg::MatmulPrecision::Highest)
+                              .permute({0, 2, 1, 3})
+                              .reshape({s.B, s.S, s.C});
+    check_case(s, 0.05, in);
+  }
 }
 
 // Powers of two of the inputs scale every output by a power of two, exactly:
