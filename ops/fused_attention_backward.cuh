@@ -126,7 +126,7 @@ __device__ BackwardScales backward_scales(const BackwardArgs& p, const KeyTileSc
     f.qk = h.inverse_scale(kHalfQ) * keys.inverse_k;
     f.dpd = keys.inverse_v * h.inverse_scale(kHalfDO);
     const float ds = fminf(0x1p-20f * h.pd_scale * keys.bound_v * h.bound_scale(kHalfDO), keys.bound_delta);
-    f.ds = isinf(ds) ? 1.f : fminf(fmaxf(ds, 0x1p-126f), 0x1p126f);  // infinite: dS is 0 (no dPd, no Delta)
+    f.ds = isinf(ds) ? 1.f : fmaxf(ds, 0x1p-126f);  // infinite: no finite bound (no dPd, no finite Delta)
     f.dv = h.inverse_scale(kHalfDO) / h.pd_scale;
     f.dk *= h.inverse_scale(kHalfQ) / f.ds;
     f.dq *= keys.inverse_k / f.ds;

@@ -219,11 +219,12 @@ TEST_CASE("fused/benchmark interface: inputs and outputs off a 16-byte boundary"
 // allows a large dS scale (or, for zeros, none at all), while Delta sums over
 // every key tile of the row: dS's scale is capped by Delta's bound too
 // (KeyTileScales), or the fp16 dS of that tile's keys (about -P Delta)
-// overflows to Inf (at 2^-30, by about 2^9 from the spec's magnitudes, an
-// estimate) or, for a tile of zeros scaled by 1, sinks into fp16's
-// subnormals. attention_output = Pd v
-// is made again from the changed v, so that Delta = rowsum(do o) stays the
-// spec's.
+// overflows to Inf (at 2^-30 by about 2^10, an estimate from these sizes).
+// The tile of zeros checks that an infinite b_v gives finite, right
+// gradients (its former scale, 1, left dS in fp16's subnormals, an error
+// these rules would not see). attention_output = Pd v is made again from
+// the changed v, so that rowsum(do o) stays equal to rowsum(P dP), the Delta
+// reference_backward forms.
 TEST_CASE("fused/benchmark interface: a key tile of v far smaller than the rest, or zeros" * doctest::skip(kNoGpu)) {
   tg::manual_seed(108);
   const Spec s{2, 128, 128, 2, 160, 0.1};
