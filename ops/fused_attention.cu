@@ -295,8 +295,8 @@ bool uses_warpgroup_kernel(bool read) {
 
 // The backward's policy: fp16 tiles at "high"; at "highest" split fp16
 // tiles reading P (the benchmark interface, whose caller converts q and
-// dout by to_fp16_split; k and v the kernel splits), 3xTF32 in training; f(policy, kRead) with
-// kRead: P read, else recomputed (training).
+// dout by to_fp16_split; the kernel splits k and v), 3xTF32 in training;
+// f(policy, kRead) with kRead: P read, else recomputed (training).
 template <class F>
 decltype(auto) with_backward_policy(MatmulPrecision precision, bool read, F&& f) {
   const bool high = precision == MatmulPrecision::High;
