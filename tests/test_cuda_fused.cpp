@@ -188,15 +188,14 @@ TEST_CASE("fused/benchmark interface: inputs and outputs off a 16-byte boundary"
 
     const double scale = 1 / std::sqrt(double(s.C / s.H));
     const auto into_off_boundary = [&](tg::MatmulPrecision precision) {
-      const Gradients like = tg::fused::region_attention_backward(in, scale, s.p, precision);
       return by_kernel([&] {
-        Gradients out;
-        for (auto [to, from] :
-             {std::pair{&out.hidden_states, &like.hidden_states}, {&out.qkv_weight, &like.qkv_weight},
-              {&out.qkv_bias, &like.qkv_bias}, {&out.out_weight, &like.out_weight}, {&out.out_bias, &like.out_bias},
-              {&out.edit_region_bias, &like.edit_region_bias}, {&out.within_edit_bias, &like.within_edit_bias},
-              {&out.cross_edit_bias, &like.cross_edit_bias}})
-          *to = off_boundary(from->shape());
+        Gradients out;  // each gradient has the shape of what it is the gradient of
+        for (auto [to, of] :
+             {std::pair{&out.hidden_states, &in.hidden_states}, {&out.qkv_weight, &in.qkv_weight},
+              {&out.qkv_bias, &in.qkv_bias}, {&out.out_weight, &in.out_weight}, {&out.out_bias, &in.out_bias},
+              {&out.edit_region_bias, &in.edit_region_bias}, {&out.within_edit_bias, &in.within_edit_bias},
+              {&out.cross_edit_bias, &in.cross_edit_bias}})
+          *to = off_boundary(of->shape());
         tg::fused::region_attention_backward_into(in, scale, s.p, precision, out);
         return out;
       });
