@@ -53,9 +53,10 @@ class StreamGuard {
 // marks where stream() stands; run(work) queues work's tapegrad calls on a
 // side stream after that mark; join() (or the destructor) makes the stream
 // forked from wait for them. The side work must not allocate (the caching
-// allocator keeps blocks per stream; an allocation there is an error) nor
-// call cuBLAS (one workspace for every stream): what it writes is allocated
-// before, on stream(), and kept alive until the join. Inside a CUDA graph
+// allocator keeps blocks per stream; an allocation there is an error): what
+// it writes is allocated before, on stream(), and kept alive until the join.
+// It may call cuBLAS (a GEMM that allocates nothing) on the side workspace
+// (core/cuda_context.h's cublas()), one fork at a time. Inside a CUDA graph
 // capture the side work becomes a parallel branch of the graph (and its side
 // stream serves no work outside that capture until the capture ends); the
 // side stream has the device's least priority, so that in GraphReplay's

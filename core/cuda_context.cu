@@ -110,6 +110,24 @@ Fork::Lane take_lane(cudaStream_t origin) {
 
 bool allocation_forbidden() { return in_side_work; }
 
+namespace {
+// The side stream that holds the side cuBLAS workspace (null: none), from its
+// first cuBLAS call to its fork's join.
+std::atomic<cudaStream_t> side_workspace_holder{nullptr};
+
+void* side_workspace_for(cudaStream_t side) {
+  cudaStream_t holder = nullptr;
+  TG_CHECK(side_workspace_holder.compare_exchange_strong(holder, side) || holder == side,
+           "cuda fork: cuBLAS called on a second side stream while another one holds the side workspace "
+           "(one fork at a time may call cuBLAS)");
+  return context().side_cublas_workspace;
+}
+
+void release_side_workspace(cudaStream_t side) {
+  side_workspace_holder.compare_exchange_strong(side, nullptr);
+}
+}  // namespace
+
 Fork::Fork(bool on) {
   if (!on) return;
   context();
@@ -142,11 +160,13 @@ void Fork::join() {
   const Lane lane = *lane_;
   lane_.reset();
   lanes.free.push_back(lane);
+  release_side_workspace(lane.side.stream);
   lane.side.rejoin(lane.origin, "cuda fork (join)");
 }
 
 Fork::~Fork() {
   if (!lane_) return;
+  release_side_workspace(lane_->side.stream);
   lane_->side.rejoin_reporting(lane_->origin, "cuda fork (join)");
   lanes.free.push_back(*lane_);
 }
@@ -155,7 +175,8 @@ cublasHandle_t cublas() {
   Context& ctx = context();
   // Setting the stream also drops the workspace, so both are set together.
   TG_CUDA_CHECK(cublasSetStream(ctx.cublas, stream()), "cuda context");
-  TG_CUDA_CHECK(cublasSetWorkspace(ctx.cublas, ctx.cublas_workspace, kCublasWorkspace), "cuda context");
+  void* workspace = in_side_work ? side_workspace_for(stream()) : ctx.cublas_workspace;
+  TG_CUDA_CHECK(cublasSetWorkspace(ctx.cublas, workspace, kCublasWorkspace), "cuda context");
   return ctx.cublas;
 }
 
@@ -199,13 +220,15 @@ Context& context() {
     TG_CUDA_CHECK(cudaDeviceGetAttribute(&ctx.minor, cudaDevAttrComputeCapabilityMinor, ctx.device), "cuda context");
     TG_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx.stream, cudaStreamNonBlocking), "cuda context");
     TG_CUDA_CHECK(cublasCreate(&ctx.cublas), "cuda context");
-    TG_CUDA_CHECK(cudaMalloc(&ctx.cublas_workspace, kCublasWorkspace), "cuda context");
+    for (void** workspace : {&ctx.cublas_workspace, &ctx.side_cublas_workspace})
+      TG_CUDA_CHECK(cudaMalloc(workspace, kCublasWorkspace), "cuda context");
     // Zeroed once: cuBLAS's split-k reduction (splitKreduce_kernel) reads
-    // parts of it that its GEMM did not write, reads compute-sanitizer's
-    // initcheck reports as uninitialized; zeroed, they are defined. The
-    // memset runs on the legacy stream, which tapegrad's non-blocking
+    // parts of a workspace that its GEMM did not write, reads
+    // compute-sanitizer's initcheck reports as uninitialized; zeroed, they
+    // are defined. The memsets run on the legacy stream, which tapegrad's non-blocking
     // streams do not wait for: the device sync orders it before any GEMM.
-    TG_CUDA_CHECK(cudaMemset(ctx.cublas_workspace, 0, kCublasWorkspace), "cuda context");
+    for (void* workspace : {ctx.cublas_workspace, ctx.side_cublas_workspace})
+      TG_CUDA_CHECK(cudaMemset(workspace, 0, kCublasWorkspace), "cuda context");
     TG_CUDA_CHECK(cudaDeviceSynchronize(), "cuda context");
     TG_CUDA_CHECK(cudnnCreate(&ctx.cudnn), "cuda context");
   });

@@ -23,12 +23,16 @@ struct Context {
   cublasHandle_t cublas = nullptr;
   cudnnHandle_t cudnn = nullptr;
   void* cublas_workspace = nullptr;  // fixed, so that cuBLAS allocates nothing (CUDA graph capture)
+  void* side_cublas_workspace = nullptr;  // the one Fork side stream that calls cuBLAS (core/cuda.h)
 };
 
 Context& context();
 // The stream tapegrad's work goes to on this thread: a StreamGuard's, else the context's.
 cudaStream_t stream();
-// The handles, bound to stream() for the call that follows.
+// The handles, bound to stream() for the call that follows. cuBLAS gets the
+// context's workspace, or inside a Fork's side work the side workspace,
+// which one side stream holds from its first cuBLAS call to its join (a
+// second side stream asking for it meanwhile is an error).
 cublasHandle_t cublas();
 cudnnHandle_t cudnn();
 

@@ -700,7 +700,11 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
   enum { kDy, kO, kWo };
   const Projections out_proj({dy, o, in.out_weight}, precision);
   out_proj.convert(kDy, kWo + 1);
-  out_proj.into(out.out_weight, kDy, true, kO, false);
+  // Nothing after dWo reads it: at "high" (one cuBLAS GEMM, allocating
+  // nothing) it runs on a side stream, joined at the end, so that do, Delta
+  // and the core do not wait for it.
+  cuda::Fork out_weight(x.is_cuda() && precision == MatmulPrecision::High);
+  out_weight.run([&] { out_proj.into(out.out_weight, kDy, true, kO, false); });
   const Tensor dout = empty({L.B, L.S, L.C}, opts);
   out_proj.into(rows_view(dout, L.C), kDy, false, kWo, false);
   g.dout = dout;
@@ -722,6 +726,7 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
   qkv_proj.into(out.qkv_weight, kDqkv, true, kX, false);
   qkv_proj.into(rows_view(out.hidden_states, L.C), kDqkv, false, kWqkv, false);
   biases.join();
+  out_weight.join();
 }
 
 std::vector<Tensor> inputs_of(const BackwardInputs& in) {

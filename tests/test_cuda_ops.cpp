@@ -700,6 +700,43 @@ TEST_CASE("cuda/fork: side work between the fork point and the join; it cannot a
   CHECK(tg::empty({4}, cuda32).numel() == 4);
 }
 
+// A Fork's side work may call cuBLAS: it gets the side workspace, so that a
+// GEMM there and one on the main stream at the same time (long reductions,
+// which cuBLAS splits over its workspace) both give what they give alone. A
+// second side stream calling cuBLAS while the first holds the side workspace
+// is an error; after the first fork's join the workspace is free again.
+TEST_CASE("cuda/fork: cuBLAS in side work on its own workspace" * doctest::skip(kNoGpu)) {
+  const tg::TensorOptions cuda32{tg::DType::Float32, tg::Device::CUDA};
+  const tg::Tensor a = tg::randn({48, 1 << 16}).cuda(), b = tg::randn({1 << 16, 40}).cuda();
+  const tg::Tensor c = tg::randn({40, 1 << 16}).cuda(), d = tg::randn({1 << 16, 48}).cuda();
+  const auto product = [](const tg::Tensor& x, const tg::Tensor& y, const tg::Tensor& into) {
+    tg::gemm_into("side workspace test", x, y, into, 0.0, tg::MatmulPrecision::High);
+  };
+  const tg::Tensor ab_alone = tg::full({48, 40}, std::nan(""), cuda32),
+                   cd_alone = tg::full({40, 48}, std::nan(""), cuda32);
+  product(a, b, ab_alone);
+  product(c, d, cd_alone);
+  for (int round = 1; round <= 3; ++round) {
+    CAPTURE(round);
+    const tg::Tensor ab = tg::full({48, 40}, std::nan(""), cuda32), cd = tg::full({40, 48}, std::nan(""), cuda32);
+    tg::cuda::Fork beside(true);
+    beside.run([&] { product(a, b, ab); });
+    product(c, d, cd);
+    beside.join();
+    CHECK(max_abs_diff(ab, ab_alone) == 0);
+    CHECK(max_abs_diff(cd, cd_alone) == 0);
+  }
+  const tg::Tensor ab = tg::full({48, 40}, std::nan(""), cuda32);
+  tg::cuda::Fork first(true), second(true);
+  first.run([&] { product(a, b, ab); });
+  CHECK(contains(error_of([&] { second.run([&] { product(a, b, ab); }); }),
+                 "cuda fork: cuBLAS called on a second side stream while another one holds the side workspace"));
+  first.join();
+  second.run([&] { product(a, b, ab); });
+  second.join();
+  CHECK(max_abs_diff(ab, ab_alone) == 0);
+}
+
 // Stream priorities (core/cuda_context.h): a Fork's side work runs at the
 // device's least priority, GraphReplay's private stream one step above it
 // (where the device has two levels), and a graph instantiated with node
