@@ -701,8 +701,9 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
   const Projections out_proj({dy, o, in.out_weight}, precision);
   out_proj.convert(kDy, kWo + 1);
   // Nothing after dWo reads it: at "high" (one cuBLAS GEMM, allocating
-  // nothing) it runs on a side stream, joined at the end, so that do, Delta
-  // and the core do not wait for it.
+  // nothing) it runs on a side stream, so that do, Delta and the core do not
+  // wait for it; joined after the core (long done by then), which frees the
+  // side cuBLAS workspace for dWqkv (core/cuda.h: one fork at a time).
   cuda::Fork out_weight(x.is_cuda() && precision == MatmulPrecision::High);
   out_weight.run([&] { out_proj.into(out.out_weight, kDy, true, kO, false); });
   const Tensor dout = empty({L.B, L.S, L.C}, opts);
@@ -712,6 +713,7 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
   g.dout_half = delta_and_half_dout(dout, attention_output, g.delta, core.d, !core.qkv_half.matrices.empty(), split);
   for (cuda::Fork* fork : {&dE_zeros, &beside, &projection_inputs}) fork->join();
   TG_DISPATCH_DEVICE(x, FusedAttentionKernels, backward, core, g, precision);
+  out_weight.join();
 
   // dbqkv from fp32 sums, not from the tensor-core dq, dk, dv: sum_i dq_i =
   // scale sum_j colsum(dS)_j k_j, sum_j dk_j = 0 (dS rows sum to 0), sum_j dv_j = sum_i rowsum(Pd)_i do_i;
@@ -723,10 +725,13 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
                        out.qkv_bias, out.out_bias, bias_scratch);
   });
   qkv_proj.convert(kDqkv, kDqkv + 1);
-  qkv_proj.into(out.qkv_weight, kDqkv, true, kX, false);
+  // dWqkv and dx read the same converted dqkv: at "high" dWqkv runs on a
+  // side stream beside dx (H200, C API: the "high" mean -2.4 us; bench/NOTES.md version 31).
+  cuda::Fork qkv_weight(x.is_cuda() && precision == MatmulPrecision::High);
+  qkv_weight.run([&] { qkv_proj.into(out.qkv_weight, kDqkv, true, kX, false); });
   qkv_proj.into(rows_view(out.hidden_states, L.C), kDqkv, false, kWqkv, false);
+  qkv_weight.join();
   biases.join();
-  out_weight.join();
 }
 
 std::vector<Tensor> inputs_of(const BackwardInputs& in) {
