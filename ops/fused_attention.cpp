@@ -679,19 +679,23 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
   const Tensor bias_scratch = empty({bias_sums_scratch(L.B, L.S, L.C)}, opts);
 
   // Work that waits for nothing the call computes runs beside the
-  // out-projection, on three more CUDA streams (below the critical path's
+  // out-projection, on four more CUDA streams (below the critical path's
   // priority in graph replay: core/cuda_context.h), all joined before the
-  // core: dE's zeros (up to 64 MiB, bandwidth-bound); the other fills and q's
-  // conversion (for the core); x's and Wqkv's conversion (for the qkv
-  // projection). At small sizes these kernels are short and latency-bound:
-  // side by side they end sooner than one after another (H200, C API, against
-  // one side stream: 1024/1 -10 us, the "high" mean -0.8%; bench/NOTES.md
-  // version 28). Left to run beside the core instead, they slowed it.
-  cuda::Fork dE_zeros(x.is_cuda()), beside(x.is_cuda()), projection_inputs(x.is_cuda());
+  // core: dE's zeros (up to 64 MiB, bandwidth-bound); the other fills; q's
+  // conversion (those two for the core); x's and Wqkv's conversion (for the
+  // qkv projection). At small sizes these kernels are short and
+  // latency-bound: side by side they end sooner than one after another (H200,
+  // C API: three streams against one, 1024/1 -10 us, the "high" mean -0.8%,
+  // bench/NOTES.md version 28; q's conversion apart from the fills, the
+  // "high" mean -0.5%, version 31). Left to run beside the core instead, they
+  // slowed it.
+  cuda::Fork dE_zeros(x.is_cuda()), fills(x.is_cuda()), query_half(x.is_cuda()), projection_inputs(x.is_cuda());
   dE_zeros.run([&] { zero_edit_bias_gradient(g.dE, core.d); });
-  beside.run([&] {
+  fills.run([&] {
     zero_qkv_gradient(dqkv, g);
     fill_into(sums, 0.0);
+  });
+  query_half.run([&] {
     if (!core.qkv_half.matrices.empty()) convert_to_fp16({q_rows}, core.qkv_half);
   });
   projection_inputs.run([&] { qkv_proj.convert(kX, kDqkv); });
@@ -711,7 +715,7 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
   g.dout = dout;
   g.delta = empty({L.B, L.H, L.S}, opts);
   g.dout_half = delta_and_half_dout(dout, attention_output, g.delta, core.d, !core.qkv_half.matrices.empty(), split);
-  for (cuda::Fork* fork : {&dE_zeros, &beside, &projection_inputs}) fork->join();
+  for (cuda::Fork* fork : {&dE_zeros, &fills, &query_half, &projection_inputs}) fork->join();
   TG_DISPATCH_DEVICE(x, FusedAttentionKernels, backward, core, g, precision);
   out_weight.join();
 
