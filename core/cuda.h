@@ -55,13 +55,14 @@ class StreamGuard {
 // forked from wait for them. The side work must not allocate (the caching
 // allocator keeps blocks per stream; an allocation there is an error): what
 // it writes is allocated before, on stream(), and kept alive until the join.
-// It may call cuBLAS (a GEMM that allocates nothing) on the side workspace
-// (core/cuda_context.h's cublas()), one fork at a time. Inside a CUDA graph
-// capture the side work becomes a parallel branch of the graph (and its side
-// stream serves no work outside that capture until the capture ends); the
-// side stream has the device's least priority, so that in GraphReplay's
-// graphs the side work's pending blocks wait for the critical path's.
-// Fork(false), for CPU tensors, runs the work in place.
+// It may call cuBLAS (a GEMM that allocates nothing, or gets its workspace
+// allocated before) on the side workspace, one fork at a time, each made
+// after the previous one's join (core/cuda_context.h, cublas_workspace()).
+// Inside a CUDA graph capture the side work becomes a parallel branch of the
+// graph (and its side stream serves no work outside that capture until the
+// capture ends); the side stream has the device's least priority, so that in
+// GraphReplay's graphs the side work's pending blocks wait for the critical
+// path's. Fork(false), for CPU tensors, runs the work in place.
 class Fork {
  public:
   explicit Fork(bool on);

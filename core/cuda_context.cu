@@ -61,18 +61,35 @@ void SideStream::rejoin(cudaStream_t origin, const char* op) const {
   TG_CUDA_CHECK(cudaStreamWaitEvent(origin, done, 0), op);
 }
 
-void SideStream::rejoin_reporting(cudaStream_t origin, const char* op) const {
-  report_failure(cudaEventRecord(done, stream), op, "cudaEventRecord");
-  report_failure(cudaStreamWaitEvent(origin, done, 0), op, "cudaStreamWaitEvent");
+bool SideStream::rejoin_reporting(cudaStream_t origin, const char* op) const {
+  return report_failure(cudaEventRecord(done, stream), op, "cudaEventRecord") &&
+         report_failure(cudaStreamWaitEvent(origin, done, 0), op, "cudaStreamWaitEvent");
 }
 
 struct Fork::Lane {
   SideStream side;
   cudaStream_t origin = nullptr;  // the stream forked from, joined back at the end
+  uint64_t serial = 0;            // this thread's forks in the order made, from 1
 };
 
 namespace {
 thread_local bool in_side_work = false;
+thread_local const Fork::Lane* running_lane = nullptr;  // whose side work runs now
+thread_local uint64_t forks_made = 0;
+
+// The side cuBLAS workspace (cublas_workspace, below): the fork holding it
+// (its serial; 0: none), and the first fork that may take it next: one made
+// after the last holder's join, so that its side stream follows the origin's
+// wait for the last holder's work.
+struct SideWorkspace {
+  uint64_t holder = 0;
+  uint64_t first_free_serial = 0;
+};
+thread_local SideWorkspace side_workspace;
+
+void release_side_workspace(const Fork::Lane& lane) {
+  if (side_workspace.holder == lane.serial) side_workspace = {0, forks_made + 1};
+}
 
 struct LanePool {
   std::vector<Fork::Lane> free;
@@ -110,28 +127,11 @@ Fork::Lane take_lane(cudaStream_t origin) {
 
 bool allocation_forbidden() { return in_side_work; }
 
-namespace {
-// The side stream that holds the side cuBLAS workspace (null: none), from its
-// first cuBLAS call to its fork's join.
-std::atomic<cudaStream_t> side_workspace_holder{nullptr};
-
-void* side_workspace_for(cudaStream_t side) {
-  cudaStream_t holder = nullptr;
-  TG_CHECK(side_workspace_holder.compare_exchange_strong(holder, side) || holder == side,
-           "cuda fork: cuBLAS called on a second side stream while another one holds the side workspace "
-           "(one fork at a time may call cuBLAS)");
-  return context().side_cublas_workspace;
-}
-
-void release_side_workspace(cudaStream_t side) {
-  side_workspace_holder.compare_exchange_strong(side, nullptr);
-}
-}  // namespace
-
 Fork::Fork(bool on) {
   if (!on) return;
   context();
-  const Lane lane = take_lane(stream());
+  Lane lane = take_lane(stream());
+  lane.serial = ++forks_made;
   try {
     lane.side.follow(lane.origin, "cuda fork");
   } catch (...) {
@@ -144,38 +144,55 @@ Fork::Fork(bool on) {
 void Fork::run(const std::function<void()>& work) {
   if (!lane_) return work();
   const StreamGuard guard(lane_->side.stream);
-  const bool outer = in_side_work;  // a fork inside side work restores the check as it was
+  // A fork inside side work restores the outer state as it was.
+  const bool outer = in_side_work;
+  const Lane* outer_lane = running_lane;
   in_side_work = true;
+  running_lane = lane_.get();
   try {
     work();
   } catch (...) {
-    in_side_work = outer;
+    in_side_work = outer, running_lane = outer_lane;
     throw;
   }
-  in_side_work = outer;
+  in_side_work = outer, running_lane = outer_lane;
 }
 
+// The origin waits for the side work; then the side workspace is free (a
+// failed rejoin keeps it held: nothing orders its work any more).
 void Fork::join() {
   if (!lane_) return;
   const Lane lane = *lane_;
   lane_.reset();
   lanes.free.push_back(lane);
-  release_side_workspace(lane.side.stream);
   lane.side.rejoin(lane.origin, "cuda fork (join)");
+  release_side_workspace(lane);
 }
 
 Fork::~Fork() {
   if (!lane_) return;
-  release_side_workspace(lane_->side.stream);
-  lane_->side.rejoin_reporting(lane_->origin, "cuda fork (join)");
+  if (lane_->side.rejoin_reporting(lane_->origin, "cuda fork (join)")) release_side_workspace(*lane_);
   lanes.free.push_back(*lane_);
+}
+
+void* cublas_workspace() {
+  Context& ctx = context();
+  if (!in_side_work) return ctx.cublas_workspace;
+  const Fork::Lane& lane = *running_lane;
+  const bool free = side_workspace.holder == 0 && lane.serial >= side_workspace.first_free_serial;
+  TG_CHECK(side_workspace.holder == lane.serial || free,
+           "cuda fork: cuBLAS called in side work while the side workspace is ",
+           side_workspace.holder != 0 ? "held by another fork" : "free only for forks made after its last holder's join",
+           " (one fork at a time may call cuBLAS, each made after the previous one's join)");
+  side_workspace.holder = lane.serial;
+  return ctx.side_cublas_workspace;
 }
 
 cublasHandle_t cublas() {
   Context& ctx = context();
+  void* workspace = cublas_workspace();
   // Setting the stream also drops the workspace, so both are set together.
   TG_CUDA_CHECK(cublasSetStream(ctx.cublas, stream()), "cuda context");
-  void* workspace = in_side_work ? side_workspace_for(stream()) : ctx.cublas_workspace;
   TG_CUDA_CHECK(cublasSetWorkspace(ctx.cublas, workspace, kCublasWorkspace), "cuda context");
   return ctx.cublas;
 }
@@ -225,8 +242,9 @@ Context& context() {
     // Zeroed once: cuBLAS's split-k reduction (splitKreduce_kernel) reads
     // parts of a workspace that its GEMM did not write, reads
     // compute-sanitizer's initcheck reports as uninitialized; zeroed, they
-    // are defined. The memsets run on the legacy stream, which tapegrad's non-blocking
-    // streams do not wait for: the device sync orders it before any GEMM.
+    // are defined. The memsets run on the legacy stream, which tapegrad's
+    // non-blocking streams do not wait for: the device sync orders them
+    // before any GEMM.
     for (void* workspace : {ctx.cublas_workspace, ctx.side_cublas_workspace})
       TG_CUDA_CHECK(cudaMemset(workspace, 0, kCublasWorkspace), "cuda context");
     TG_CUDA_CHECK(cudaDeviceSynchronize(), "cuda context");
@@ -250,8 +268,9 @@ void check(cudnnStatus_t status, const char* op, const char* call) {
            cudnnGetErrorString(status));
 }
 
-void report_failure(cudaError_t status, const char* op, const char* call) {
+bool report_failure(cudaError_t status, const char* op, const char* call) {
   if (status != cudaSuccess) std::fprintf(stderr, "tapegrad: %s: %s failed: %s\n", op, call, cudaGetErrorString(status));
+  return status == cudaSuccess;
 }
 
 void check_launch(const char* op) {

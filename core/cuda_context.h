@@ -29,11 +29,19 @@ struct Context {
 Context& context();
 // The stream tapegrad's work goes to on this thread: a StreamGuard's, else the context's.
 cudaStream_t stream();
-// The handles, bound to stream() for the call that follows. cuBLAS gets the
-// context's workspace, or inside a Fork's side work the side workspace,
-// which one side stream holds from its first cuBLAS call to its join (a
-// second side stream asking for it meanwhile is an error).
+// The handles, bound to stream() for the call that follows, cuBLAS's with
+// cublas_workspace().
 cublasHandle_t cublas();
+// The workspace cuBLAS calls get: the context's, or inside a Fork's side
+// work the side workspace. A fork holds that from its side work's first
+// cuBLAS call to its join; the next fork to take it must be made after that
+// join, so that its side stream follows the last holder's work (core/cuda.h).
+// Anything else is an error: a fork asking while another holds it, or made
+// before that join (a fork nested in the holder's side work among them).
+// As with the context's workspace, work on streams that the caller does not
+// order (a fork from another stream, another thread's) must not overlap:
+// the one cuBLAS handle and its two workspaces serve one thread at a time.
+void* cublas_workspace();
 cudnnHandle_t cudnn();
 
 // True inside a Fork's side work, which must not allocate (the allocator checks).
@@ -53,13 +61,13 @@ struct SideStream {
   static SideStream create(const char* op, StreamPriority priority);
   void follow(cudaStream_t origin, const char* op) const;  // its next work after origin's so far
   void rejoin(cudaStream_t origin, const char* op) const;  // origin's next work after its so far
-  void rejoin_reporting(cudaStream_t origin, const char* op) const;  // the same where it cannot throw
+  bool rejoin_reporting(cudaStream_t origin, const char* op) const;  // the same where it cannot throw: false on failure
 };
 
 void check(cudaError_t status, const char* op, const char* call);
 // Where a failure cannot be thrown (destructors, clean-up on an error path):
 // printed to stderr as "tapegrad: <op>: <call> failed: <reason>".
-void report_failure(cudaError_t status, const char* op, const char* call);
+bool report_failure(cudaError_t status, const char* op, const char* call);  // prints a failure; false on one
 void check(cublasStatus_t status, const char* op, const char* call);
 void check(cudnnStatus_t status, const char* op, const char* call);
 

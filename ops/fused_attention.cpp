@@ -621,10 +621,17 @@ class Projections {
     if (half_.matrices.empty()) return;
     convert_to_fp16({matrices_.begin() + first, matrices_.begin() + last}, half_, first);
   }
-  void into(const Tensor& c, int a, bool transpose_a, int b, bool transpose_b) const {
-    if (!half_.matrices.empty()) return gemm_fp16_into(half_, a, transpose_a, b, transpose_b, c);
+  // c = op(a) op(b); on a cuda::Fork's side work with workspace(...) of the same product, allocated before.
+  void into(const Tensor& c, int a, bool transpose_a, int b, bool transpose_b, const Tensor& workspace = {}) const {
+    if (!half_.matrices.empty()) return gemm_fp16_into(half_, a, transpose_a, b, transpose_b, c, workspace);
     const auto view = [&](int i, bool transpose) { return transpose ? transposed_view(matrices_[i]) : matrices_[i]; };
     gemm_into("region_attention_backward", view(a, transpose_a), view(b, transpose_b), c, 0.0, precision_);
+  }
+  // What into(c, ...) needs allocated (undefined: nothing).
+  Tensor workspace(const Tensor& c, int a, bool transpose_a, int b, bool transpose_b) const {
+    if (half_.matrices.empty()) return Tensor();
+    const int64_t floats = gemm_fp16_workspace(half_, a, transpose_a, b, transpose_b, c);
+    return floats > 0 ? empty({floats}, {DType::Float32, c.device()}) : Tensor();
   }
 
  private:
@@ -688,7 +695,7 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
   // C API: three streams against one, 1024/1 -10 us, the "high" mean -0.8%,
   // bench/NOTES.md version 28; q's conversion apart from the fills, the
   // "high" mean -0.5%, version 31). Left to run beside the core instead, they
-  // slowed it.
+  // slowed it. (dWo's and dWqkv's forks, below, join later.)
   cuda::Fork dE_zeros(x.is_cuda()), fills(x.is_cuda()), query_half(x.is_cuda()), projection_inputs(x.is_cuda());
   dE_zeros.run([&] { zero_edit_bias_gradient(g.dE, core.d); });
   fills.run([&] {
@@ -704,12 +711,13 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
   enum { kDy, kO, kWo };
   const Projections out_proj({dy, o, in.out_weight}, precision);
   out_proj.convert(kDy, kWo + 1);
-  // Nothing after dWo reads it: at "high" (one cuBLAS GEMM, allocating
-  // nothing) it runs on a side stream, so that do, Delta and the core do not
-  // wait for it; joined after the core (long done by then), which frees the
-  // side cuBLAS workspace for dWqkv (core/cuda.h: one fork at a time).
-  cuda::Fork out_weight(x.is_cuda() && precision == MatmulPrecision::High);
-  out_weight.run([&] { out_proj.into(out.out_weight, kDy, true, kO, false); });
+  // Nothing after dWo reads it: it runs on a side stream (its workspace
+  // allocated before), so that do, Delta and the core do not wait for it;
+  // joined after the core (long done by then), which frees the side cuBLAS
+  // workspace for dWqkv (core/cuda.h: one fork at a time).
+  Tensor out_weight_workspace = out_proj.workspace(out.out_weight, kDy, true, kO, false);
+  cuda::Fork out_weight(x.is_cuda());
+  out_weight.run([&] { out_proj.into(out.out_weight, kDy, true, kO, false, out_weight_workspace); });
   const Tensor dout = empty({L.B, L.S, L.C}, opts);
   out_proj.into(rows_view(dout, L.C), kDy, false, kWo, false);
   g.dout = dout;
@@ -718,6 +726,7 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
   for (cuda::Fork* fork : {&dE_zeros, &fills, &query_half, &projection_inputs}) fork->join();
   TG_DISPATCH_DEVICE(x, FusedAttentionKernels, backward, core, g, precision);
   out_weight.join();
+  out_weight_workspace = Tensor();
 
   // dbqkv from fp32 sums, not from the tensor-core dq, dk, dv: sum_i dq_i =
   // scale sum_j colsum(dS)_j k_j, sum_j dk_j = 0 (dS rows sum to 0), sum_j dv_j = sum_i rowsum(Pd)_i do_i;
@@ -729,10 +738,11 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
                        out.qkv_bias, out.out_bias, bias_scratch);
   });
   qkv_proj.convert(kDqkv, kDqkv + 1);
-  // dWqkv and dx read the same converted dqkv: at "high" dWqkv runs on a
-  // side stream beside dx (H200, C API: the "high" mean -2.4 us; bench/NOTES.md version 31).
-  cuda::Fork qkv_weight(x.is_cuda() && precision == MatmulPrecision::High);
-  qkv_weight.run([&] { qkv_proj.into(out.qkv_weight, kDqkv, true, kX, false); });
+  // dWqkv and dx read the same converted dqkv: dWqkv runs on a side stream
+  // beside dx (H200, C API: the "high" mean -2.4 us; bench/NOTES.md version 31).
+  const Tensor qkv_weight_workspace = qkv_proj.workspace(out.qkv_weight, kDqkv, true, kX, false);
+  cuda::Fork qkv_weight(x.is_cuda());
+  qkv_weight.run([&] { qkv_proj.into(out.qkv_weight, kDqkv, true, kX, false, qkv_weight_workspace); });
   qkv_proj.into(rows_view(out.hidden_states, L.C), kDqkv, false, kWqkv, false);
   qkv_weight.join();
   biases.join();

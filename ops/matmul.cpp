@@ -125,7 +125,12 @@ void GemmKernels<Device::CPU>::to_fp16(const std::vector<Tensor>&, const std::ve
 }
 
 template <>
-void GemmKernels<Device::CPU>::gemm_fp16(const Fp16Group&, int, bool, int, bool, const Tensor&) {
+void GemmKernels<Device::CPU>::gemm_fp16(const Fp16Group&, int, bool, int, bool, const Tensor&, const Tensor&) {
+  TG_FAIL("gemm_fp16: fp16 GEMMs run on CUDA only");
+}
+
+template <>
+int64_t GemmKernels<Device::CPU>::gemm_fp16_workspace(const Fp16Group&, int, bool, int, bool, const Tensor&) {
   TG_FAIL("gemm_fp16: fp16 GEMMs run on CUDA only");
 }
 
@@ -261,18 +266,34 @@ std::pair<const Fp16Matrix&, const Fp16Matrix&> gemm_fp16_operands(const Fp16Gro
   return {group.matrices[a], group.matrices[b]};
 }
 
-}  // namespace
-
-void gemm_fp16_into(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b, const Tensor& c) {
+// Checks that c [n, m] is op(A) @ op(B)'s contiguous float32 result; returns the depth k.
+int64_t check_fp16_product(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b, const Tensor& c) {
   const auto [A, B] = gemm_fp16_operands(group, a, b);
   const int64_t n = transpose_a ? A.cols : A.rows, k = transpose_a ? A.rows : A.cols;
   const int64_t kb = transpose_b ? B.cols : B.rows, m = transpose_b ? B.rows : B.cols;
   TG_CHECK(k == kb && c.dim() == 2 && c.size(0) == n && c.size(1) == m && c.is_contiguous() &&
                c.dtype() == DType::Float32,
            "gemm_fp16: [", n, ", ", k, "] @ [", kb, ", ", m, "] does not give c ", c.shape(), " (contiguous float32)");
+  return k;
+}
+
+}  // namespace
+
+void gemm_fp16_into(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b, const Tensor& c,
+                    const Tensor& workspace) {
+  const int64_t k = check_fp16_product(group, a, transpose_a, b, transpose_b, c);
+  TG_CHECK(!workspace.defined() || (workspace.is_contiguous() && workspace.dtype() == DType::Float32 &&
+                                    workspace.device() == c.device()),
+           "gemm_fp16: the workspace must be contiguous float32 on c's device, got ", workspace.shape());
   if (c.numel() == 0) return;
   if (k == 0) return fill_into(c, 0.0);  // an empty sum
-  TG_DISPATCH_DEVICE(c, GemmKernels, gemm_fp16, group, a, transpose_a, b, transpose_b, c);
+  TG_DISPATCH_DEVICE(c, GemmKernels, gemm_fp16, group, a, transpose_a, b, transpose_b, c, workspace);
+}
+
+int64_t gemm_fp16_workspace(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b, const Tensor& c) {
+  const int64_t k = check_fp16_product(group, a, transpose_a, b, transpose_b, c);
+  if (c.numel() == 0 || k == 0) return 0;
+  return TG_DISPATCH_DEVICE(c, GemmKernels, gemm_fp16_workspace, group, a, transpose_a, b, transpose_b, c);
 }
 
 Tensor gemm_fp16(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b) {

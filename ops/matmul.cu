@@ -370,32 +370,67 @@ int split_gemm_splits(const SplitGemm& g) {
   return split_gemm_stretches(g.rows, g.cols, g.depth, context().sm_count);
 }
 
+// The product c = op(A) op(B) of the group's matrices a and b as the split
+// GEMM takes it, with its stretches (0: cuBLAS instead; a group without low
+// parts always goes to cuBLAS).
+SplitGemm split_gemm_of(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b, const Tensor& c) {
+  const Fp16Matrix &A = group.matrices[a], &B = group.matrices[b];
+  const float* scalars = group.scalars.data<float>();
+  const bool split = !group.lows.empty();
+  const HalfOperand a_hi = half_operand(A), b_hi = half_operand(B);
+  const HalfOperand a_lo = split ? half_operand(group.lows[a]) : a_hi, b_lo = split ? half_operand(group.lows[b]) : b_hi;
+  SplitGemm g{a_hi.values, a_lo.values, b_hi.values, b_lo.values, transpose_a, transpose_b, c.data<float>(),
+              scalars + a * kMaxFp16Group + b, scalars + kFp16LowAlphas + a * kMaxFp16Group + b,
+              c.size(0), c.size(1), transpose_a ? A.rows : A.cols};
+  g.splits = split ? split_gemm_splits(g) : 0;
+  return g;
+}
+
+// Whether cuBLAS's hi hi slices of a split product go through the workspace
+// (below), and the floats of workspace g needs: the split GEMM's stretches
+// after the first, or a batch of those slices.
+bool batched_slices(const SplitGemm& g, bool split) {
+  const int64_t slices = (g.depth + kFp16SplitSlice - 1) / kFp16SplitSlice;
+  return split && g.splits == 0 && slices > 1 && g.rows * g.cols <= kFp16BatchedSliceElements;
+}
+int64_t workspace_floats(const SplitGemm& g, bool split) {
+  const int64_t slices = (g.depth + kFp16SplitSlice - 1) / kFp16SplitSlice, size = g.rows * g.cols;
+  if (g.splits > 1) return (g.splits - 1) * size;
+  return batched_slices(g, split) ? std::min(slices, kFp16BatchedSlices) * size : 0;
+}
 }  // namespace
 }  // namespace cuda
 
 template <>
+int64_t GemmKernels<Device::CUDA>::gemm_fp16_workspace(const Fp16Group& group, int a, bool transpose_a, int b,
+                                                      bool transpose_b, const Tensor& c) {
+  return cuda::workspace_floats(cuda::split_gemm_of(group, a, transpose_a, b, transpose_b, c), !group.lows.empty());
+}
+
+template <>
 void GemmKernels<Device::CUDA>::gemm_fp16(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b,
-                                          const Tensor& c) {
+                                          const Tensor& c, const Tensor& given_workspace) {
   using namespace cuda;
   const Fp16Matrix &A = group.matrices[a], &B = group.matrices[b];
   const int64_t n = c.size(0), m = c.size(1), k = transpose_a ? A.rows : A.cols;
   for (const int64_t v : {n, m, k, A.cols, B.cols})
     TG_CHECK(v <= INT32_MAX, "gemm_fp16: a size of ", v, " exceeds cuBLAS's int (", n, " x ", k, " @ ", k, " x ", m, ")");
-  // Every pointer before the pointer mode changes: nothing below may throw until it is restored.
-  const float* scalars = group.scalars.data<float>();
-  const float *alpha = scalars + a * kMaxFp16Group + b, *low_alpha = scalars + kFp16LowAlphas + a * kMaxFp16Group + b;
-  const float *zero = scalars + kFp16Beta, *one = scalars + kFp16One;
   const bool split = !group.lows.empty();
-  const HalfOperand a_hi = half_operand(A), b_hi = half_operand(B);
-  const HalfOperand a_lo = split ? half_operand(group.lows[a]) : a_hi, b_lo = split ? half_operand(group.lows[b]) : b_hi;
-  float* out = c.data<float>();
-  SplitGemm g{a_hi.values, a_lo.values, b_hi.values, b_lo.values, transpose_a, transpose_b, out, alpha, low_alpha,
-              n, m, k};
-  g.splits = split ? split_gemm_splits(g) : 0;
+  SplitGemm g = split_gemm_of(group, a, transpose_a, b, transpose_b, c);
+  const int64_t floats = workspace_floats(g, split);
+  TG_CHECK(!given_workspace.defined() || given_workspace.numel() >= floats, "gemm_fp16: a workspace of ",
+           given_workspace.numel(), " floats for a product that needs ", floats);
+  const Tensor workspace = floats == 0 || given_workspace.defined()
+                               ? given_workspace
+                               : empty({floats}, {DType::Float32, Device::CUDA});
+  // Every pointer before the pointer mode changes: nothing below may throw until it is restored.
+  const float *zero = group.scalars.data<float>() + kFp16Beta, *one = group.scalars.data<float>() + kFp16One;
+  const HalfOperand a_hi{g.a_hi, A.cols}, b_hi{g.b_hi, B.cols}, a_lo{g.a_lo, A.cols}, b_lo{g.b_lo, B.cols};
+  const float *alpha = g.alpha, *low_alpha = g.low_alpha;
+  float* out = g.c;
   if (g.splits > 0) {
-    // The stretches after the first into a workspace, added to c in order.
-    const Tensor partials = g.splits > 1 ? empty({(g.splits - 1) * n * m}, {DType::Float32, Device::CUDA}) : Tensor();
-    if (g.splits > 1) g.partials = partials.data<float>();
+    // The stretches after the first into the workspace, added to c in order.
+    if (g.splits > 1) g.partials = workspace.data<float>();
     launch_split_gemm_warpgroup(g);
     if (g.splits > 1) for_each("gemm_fp16", n * m, AddSlices{out, g.partials, g.splits - 1, n * m});
     return;
@@ -406,9 +441,7 @@ void GemmKernels<Device::CUDA>::gemm_fp16(const Fp16Group& group, int a, bool tr
   // additions the one-by-one beta = 1 GEMMs make, without each small GEMM
   // rereading and rewriting c).
   const int64_t slices = (k + kFp16SplitSlice - 1) / kFp16SplitSlice;
-  const bool batched = split && slices > 1 && n * m <= kFp16BatchedSliceElements;
-  const Tensor workspace =
-      batched ? empty({std::min(slices, kFp16BatchedSlices), n, m}, {DType::Float32, Device::CUDA}) : Tensor();
+  const bool batched = batched_slices(g, split);
   float* slots = batched ? workspace.data<float>() : nullptr;
   cublasHandle_t handle = cublas();
   TG_CUDA_CHECK(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_DEVICE), "gemm_fp16");

@@ -168,9 +168,13 @@ void convert_to_fp16(const std::vector<Tensor>& xs, const Fp16Group& group, int 
 // after the first in a workspace of at most 8 waves of 128 x 128 tiles,
 // 66 MiB on an H200); else the cross terms, then hi hi by k slices, with
 // at most kFp16BatchedSliceElements outputs and more than one slice through
-// a workspace of up to 8 outputs' size (256 MiB at most). Workspaces are
-// allocated here: not for a cuda::Fork's side work, where nothing may be.
-void gemm_fp16_into(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b, const Tensor& c);
+// a workspace of up to 8 outputs' size (256 MiB at most). The workspace is
+// allocated here unless given: a cuda::Fork's side work, which allocates
+// nothing, runs the product with one allocated before the fork, of at least
+// gemm_fp16_workspace's floats for this c (0: none needed).
+void gemm_fp16_into(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b, const Tensor& c,
+                    const Tensor& workspace = Tensor());
+int64_t gemm_fp16_workspace(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b, const Tensor& c);
 // The same into a new float32 c [n, m].
 Tensor gemm_fp16(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b);
 
@@ -211,8 +215,11 @@ struct GemmKernels {
   // + 1, ...; dots: of xs[0], if dots.out is defined
   static void to_fp16(const std::vector<Tensor>& xs, const std::vector<Tensor>& column_biases, const Fp16Group& out,
                       int first_slot, const Fp16HeadDots& dots);
-  static void gemm_fp16(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b,
-                        const Tensor& c);  // CUDA only
+  // CUDA only; workspace: undefined (allocated here) or of at least gemm_fp16_workspace's floats
+  static void gemm_fp16(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b, const Tensor& c,
+                        const Tensor& workspace);
+  static int64_t gemm_fp16_workspace(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b,
+                                     const Tensor& c);  // CUDA only
 };
 
 }  // namespace tg

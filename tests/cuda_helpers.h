@@ -20,6 +20,13 @@ class PrecisionScope {
   tg::MatmulPrecision previous_;
 };
 
+// For a scope: gemm_fp16's split products on cuBLAS's k slices instead of
+// the warpgroup kernel, restored however the scope ends.
+struct CublasSplitProducts {
+  CublasSplitProducts() { tg::cuda::enable_warpgroup_gemm(false); }
+  ~CublasSplitProducts() { tg::cuda::enable_warpgroup_gemm(true); }
+};
+
 // max over elements of |gpu - cpu| / (atol + rtol |cpu|): <= 1 passes. NaN fails.
 inline double parity_error(const tg::Tensor& gpu, const tg::Tensor& cpu, Tolerance tol) {
   REQUIRE(gpu.shape() == cpu.shape());

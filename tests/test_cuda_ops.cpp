@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <optional>
 #include <random>
 #include <string>
 #include <tuple>
@@ -440,10 +441,6 @@ TEST_CASE("cuda/gemm_fp16x3_warpgroup: the split GEMM kernel near fp32, every tr
                         {false, false, 100, 384, 64, 1},             {false, false, 373, 1024, 3072, 5},
                         {false, true, 200, 1024, 1000, 8}};
   static_assert(8200 * 1024 > tg::kFp16BatchedSliceElements);
-  struct CublasSplitProducts {  // for a scope, restored however it ends
-    CublasSplitProducts() { tg::cuda::enable_warpgroup_gemm(false); }
-    ~CublasSplitProducts() { tg::cuda::enable_warpgroup_gemm(true); }
-  };
   for (const Case& t : cases)
   for (const double magnitude : {1.0, 1e-9}) {
     CAPTURE(t.ta);
@@ -490,6 +487,41 @@ TEST_CASE("cuda/gemm_fp16x3_warpgroup: the split GEMM kernel near fp32, every tr
     const double largest = max_abs_diff(cublas, tg::zeros_like(cublas)), apart = max_abs_diff(c, cublas);
     CHECK(apart <= 0x1p-16 * largest);  // NaN (an element not written) fails it too
     CHECK(apart > 0);
+  }
+}
+
+// gemm_fp16_into with a workspace allocated before a cuda::Fork, run in its
+// side work (which allocates nothing), gives what it gives allocating its
+// own, bit for bit: a split product of few tiles over a long k, on the
+// warpgroup kernel (k in stretches, the partials in the workspace; where it
+// runs) and on cuBLAS's k slices (batched into the workspace). Without a
+// workspace the side work's allocation is the error, and one too small is
+// an error naming both sizes.
+TEST_CASE("cuda/gemm_fp16: a workspace allocated before a fork, used in its side work" * doctest::skip(kNoGpu)) {
+  tg::manual_seed(53);
+  const tg::TensorOptions cuda32{tg::DType::Float32, tg::Device::CUDA};
+  const tg::Tensor a = tg::randn({4133, 392}).cuda(), b = tg::randn({4133, 256}).cuda();
+  const tg::Fp16Group split = tg::to_fp16_split({a, b});
+  for (const bool warpgroup : {true, false}) {
+    CAPTURE(warpgroup);
+    std::optional<CublasSplitProducts> off;
+    if (!warpgroup) off.emplace();
+    const tg::Tensor alone = tg::full({392, 256}, std::nan(""), cuda32), side = tg::full({392, 256}, std::nan(""), cuda32);
+    const int64_t floats = tg::gemm_fp16_workspace(split, 0, true, 1, false, alone);
+    CHECK(floats >= (warpgroup && tgtest::wgmma_supported() ? 392 * 256 : 8 * 392 * 256));
+    tg::gemm_fp16_into(split, 0, true, 1, false, alone);
+    const tg::Tensor workspace = tg::empty({floats}, cuda32);
+    tg::cuda::Fork beside(true);
+    CHECK(contains(error_of([&] { beside.run([&] { tg::gemm_fp16_into(split, 0, true, 1, false, side); }); }),
+                   "inside a cuda::Fork's side work, which must not allocate"));
+    beside.run([&] { tg::gemm_fp16_into(split, 0, true, 1, false, side, workspace); });
+    beside.join();
+    CHECK(max_abs_diff(side, alone) == 0);  // NaN (an element not written) fails it too
+    CHECK(contains(error_of([&] {
+                     tg::gemm_fp16_into(split, 0, true, 1, false, side, workspace.narrow(0, 0, floats - 1));
+                   }),
+                   "gemm_fp16: a workspace of " + std::to_string(floats - 1) + " floats for a product that needs " +
+                       std::to_string(floats)));
   }
 }
 
@@ -700,28 +732,39 @@ TEST_CASE("cuda/fork: side work between the fork point and the join; it cannot a
   CHECK(tg::empty({4}, cuda32).numel() == 4);
 }
 
-// A Fork's side work may call cuBLAS: it gets the side workspace, so that a
-// GEMM there and one on the main stream at the same time (long reductions,
-// which cuBLAS splits over its workspace) both give what they give alone. A
-// second side stream calling cuBLAS while the first holds the side workspace
-// is an error; after the first fork's join the workspace is free again.
-TEST_CASE("cuda/fork: cuBLAS in side work on its own workspace" * doctest::skip(kNoGpu)) {
+// A Fork's side work may call cuBLAS: it gets the side workspace (outside
+// side work, the context's), so that GEMMs there and on the main stream at
+// the same time (long reductions, which cuBLAS splits over its workspace;
+// four queued on each stream, either stream's first) give what they give
+// alone. A fork asking while another holds the side workspace is an error,
+// and so is one made before the holder's join (its side stream does not
+// follow the holder's work); a fork made after the join, or after a holder
+// that ended unjoined (released by its destructor), takes it.
+TEST_CASE("cuda/fork: cuBLAS in side work on its own workspace, one fork after another" * doctest::skip(kNoGpu)) {
   const tg::TensorOptions cuda32{tg::DType::Float32, tg::Device::CUDA};
   const tg::Tensor a = tg::randn({48, 1 << 16}).cuda(), b = tg::randn({1 << 16, 40}).cuda();
   const tg::Tensor c = tg::randn({40, 1 << 16}).cuda(), d = tg::randn({1 << 16, 48}).cuda();
   const auto product = [](const tg::Tensor& x, const tg::Tensor& y, const tg::Tensor& into) {
     tg::gemm_into("side workspace test", x, y, into, 0.0, tg::MatmulPrecision::High);
   };
+  const auto products = [&](const tg::Tensor& x, const tg::Tensor& y, const tg::Tensor& into) {
+    for (int k = 0; k < 4; ++k) product(x, y, into);
+  };
   const tg::Tensor ab_alone = tg::full({48, 40}, std::nan(""), cuda32),
                    cd_alone = tg::full({40, 48}, std::nan(""), cuda32);
   product(a, b, ab_alone);
   product(c, d, cd_alone);
-  for (int round = 1; round <= 3; ++round) {
+  CHECK(tg::cuda::cublas_workspace() == tg::cuda::context().cublas_workspace);
+  for (int round = 1; round <= 6; ++round) {
     CAPTURE(round);
     const tg::Tensor ab = tg::full({48, 40}, std::nan(""), cuda32), cd = tg::full({40, 48}, std::nan(""), cuda32);
     tg::cuda::Fork beside(true);
-    beside.run([&] { product(a, b, ab); });
-    product(c, d, cd);
+    if (round % 2 == 0) products(c, d, cd);
+    beside.run([&] {
+      CHECK(tg::cuda::cublas_workspace() == tg::cuda::context().side_cublas_workspace);
+      products(a, b, ab);
+    });
+    if (round % 2 == 1) products(c, d, cd);
     beside.join();
     CHECK(max_abs_diff(ab, ab_alone) == 0);
     CHECK(max_abs_diff(cd, cd_alone) == 0);
@@ -730,10 +773,19 @@ TEST_CASE("cuda/fork: cuBLAS in side work on its own workspace" * doctest::skip(
   tg::cuda::Fork first(true), second(true);
   first.run([&] { product(a, b, ab); });
   CHECK(contains(error_of([&] { second.run([&] { product(a, b, ab); }); }),
-                 "cuda fork: cuBLAS called on a second side stream while another one holds the side workspace"));
+                 "cuda fork: cuBLAS called in side work while the side workspace is held by another fork"));
   first.join();
-  second.run([&] { product(a, b, ab); });
+  CHECK(contains(error_of([&] { second.run([&] { product(a, b, ab); }); }),
+                 "cuda fork: cuBLAS called in side work while the side workspace is free only for forks made after "
+                 "its last holder's join"));
   second.join();
+  {
+    tg::cuda::Fork unjoined(true);
+    unjoined.run([&] { product(a, b, ab); });
+  }
+  tg::cuda::Fork after(true);
+  after.run([&] { product(a, b, ab); });
+  after.join();
   CHECK(max_abs_diff(ab, ab_alone) == 0);
 }
 
