@@ -57,7 +57,8 @@ class StreamGuard {
 // it writes is allocated before, on stream(), and kept alive until the join.
 // It may call cuBLAS (a GEMM that allocates nothing, or gets its workspace
 // allocated before) on the side workspace, one fork at a time, each made
-// after the previous one's join (core/cuda_context.h, cublas_workspace()).
+// after the last holder's join, none inside side work (core/cuda_context.h,
+// cublas_workspace()).
 // Inside a CUDA graph capture the side work becomes a parallel branch of the
 // graph (and its side stream serves no work outside that capture until the
 // capture ends); the side stream has the device's least priority, so that in

@@ -61,21 +61,33 @@ void SideStream::rejoin(cudaStream_t origin, const char* op) const {
   TG_CUDA_CHECK(cudaStreamWaitEvent(origin, done, 0), op);
 }
 
-bool SideStream::rejoin_reporting(cudaStream_t origin, const char* op) const {
-  return report_failure(cudaEventRecord(done, stream), op, "cudaEventRecord") &&
-         report_failure(cudaStreamWaitEvent(origin, done, 0), op, "cudaStreamWaitEvent");
+void SideStream::rejoin_reporting(cudaStream_t origin, const char* op) const {
+  report_failure(cudaEventRecord(done, stream), op, "cudaEventRecord");
+  report_failure(cudaStreamWaitEvent(origin, done, 0), op, "cudaStreamWaitEvent");
 }
 
 struct Fork::Lane {
   SideStream side;
   cudaStream_t origin = nullptr;  // the stream forked from, joined back at the end
   uint64_t serial = 0;            // this thread's forks in the order made, from 1
+  bool nested = false;            // made inside another fork's side work
 };
 
 namespace {
-thread_local bool in_side_work = false;
-thread_local const Fork::Lane* running_lane = nullptr;  // whose side work runs now
+thread_local const Fork::Lane* running_lane = nullptr;  // whose side work runs now (null: none)
 thread_local uint64_t forks_made = 0;
+
+// Sets running_lane for a scope and restores the outer one (a fork inside side work).
+class RunningLane {
+ public:
+  explicit RunningLane(const Fork::Lane* lane) : outer_(running_lane) { running_lane = lane; }
+  ~RunningLane() { running_lane = outer_; }
+  RunningLane(const RunningLane&) = delete;
+  RunningLane& operator=(const RunningLane&) = delete;
+
+ private:
+  const Fork::Lane* outer_;
+};
 
 // The side cuBLAS workspace (cublas_workspace, below): the fork holding it
 // (its serial; 0: none), and the first fork that may take it next: one made
@@ -125,13 +137,14 @@ Fork::Lane take_lane(cudaStream_t origin) {
 }
 }  // namespace
 
-bool allocation_forbidden() { return in_side_work; }
+bool allocation_forbidden() { return running_lane != nullptr; }
 
 Fork::Fork(bool on) {
   if (!on) return;
   context();
   Lane lane = take_lane(stream());
   lane.serial = ++forks_made;
+  lane.nested = running_lane != nullptr;
   try {
     lane.side.follow(lane.origin, "cuda fork");
   } catch (...) {
@@ -144,46 +157,40 @@ Fork::Fork(bool on) {
 void Fork::run(const std::function<void()>& work) {
   if (!lane_) return work();
   const StreamGuard guard(lane_->side.stream);
-  // A fork inside side work restores the outer state as it was.
-  const bool outer = in_side_work;
-  const Lane* outer_lane = running_lane;
-  in_side_work = true;
-  running_lane = lane_.get();
-  try {
-    work();
-  } catch (...) {
-    in_side_work = outer, running_lane = outer_lane;
-    throw;
-  }
-  in_side_work = outer, running_lane = outer_lane;
+  const RunningLane running(lane_.get());
+  work();
 }
 
-// The origin waits for the side work; then the side workspace is free (a
-// failed rejoin keeps it held: nothing orders its work any more).
+// The origin waits for the side work, and the side workspace is free again,
+// even where the rejoin fails: in an invalidated graph capture (whose work
+// never runs) or on a broken context.
 void Fork::join() {
   if (!lane_) return;
   const Lane lane = *lane_;
   lane_.reset();
   lanes.free.push_back(lane);
-  lane.side.rejoin(lane.origin, "cuda fork (join)");
   release_side_workspace(lane);
+  lane.side.rejoin(lane.origin, "cuda fork (join)");
 }
 
 Fork::~Fork() {
   if (!lane_) return;
-  if (lane_->side.rejoin_reporting(lane_->origin, "cuda fork (join)")) release_side_workspace(*lane_);
+  release_side_workspace(*lane_);
+  lane_->side.rejoin_reporting(lane_->origin, "cuda fork (join)");
   lanes.free.push_back(*lane_);
 }
 
 void* cublas_workspace() {
   Context& ctx = context();
-  if (!in_side_work) return ctx.cublas_workspace;
+  if (running_lane == nullptr) return ctx.cublas_workspace;
   const Fork::Lane& lane = *running_lane;
-  const bool free = side_workspace.holder == 0 && lane.serial >= side_workspace.first_free_serial;
-  TG_CHECK(side_workspace.holder == lane.serial || free,
+  TG_CHECK(!lane.nested, "cuda fork: cuBLAS called in the side work of a fork made inside another fork's side work "
+                         "(the side workspace serves forks made outside side work)");
+  const bool available = side_workspace.holder == 0 && lane.serial >= side_workspace.first_free_serial;
+  TG_CHECK(side_workspace.holder == lane.serial || available,
            "cuda fork: cuBLAS called in side work while the side workspace is ",
            side_workspace.holder != 0 ? "held by another fork" : "free only for forks made after its last holder's join",
-           " (one fork at a time may call cuBLAS, each made after the previous one's join)");
+           " (one fork at a time may call cuBLAS, each made after the last holder's join)");
   side_workspace.holder = lane.serial;
   return ctx.side_cublas_workspace;
 }
@@ -268,9 +275,8 @@ void check(cudnnStatus_t status, const char* op, const char* call) {
            cudnnGetErrorString(status));
 }
 
-bool report_failure(cudaError_t status, const char* op, const char* call) {
+void report_failure(cudaError_t status, const char* op, const char* call) {
   if (status != cudaSuccess) std::fprintf(stderr, "tapegrad: %s: %s failed: %s\n", op, call, cudaGetErrorString(status));
-  return status == cudaSuccess;
 }
 
 void check_launch(const char* op) {

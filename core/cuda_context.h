@@ -23,7 +23,7 @@ struct Context {
   cublasHandle_t cublas = nullptr;
   cudnnHandle_t cudnn = nullptr;
   void* cublas_workspace = nullptr;  // fixed, so that cuBLAS allocates nothing (CUDA graph capture)
-  void* side_cublas_workspace = nullptr;  // the one Fork side stream that calls cuBLAS (core/cuda.h)
+  void* side_cublas_workspace = nullptr;  // for cuBLAS in Fork side work, one fork at a time (cublas_workspace())
 };
 
 Context& context();
@@ -33,11 +33,13 @@ cudaStream_t stream();
 // cublas_workspace().
 cublasHandle_t cublas();
 // The workspace cuBLAS calls get: the context's, or inside a Fork's side
-// work the side workspace. A fork holds that from its side work's first
-// cuBLAS call to its join; the next fork to take it must be made after that
-// join, so that its side stream follows the last holder's work (core/cuda.h).
-// Anything else is an error: a fork asking while another holds it, or made
-// before that join (a fork nested in the holder's side work among them).
+// work the side workspace, which asking takes: the fork holds it from its
+// side work's first cublas() (or cublas_workspace()) call to its join (or
+// destructor; released even where the rejoin fails). The next fork to take
+// it must be made after that join, so that its side stream follows the last
+// holder's work (core/cuda.h). Anything else is an error: a fork asking
+// while another holds it, or made before that join, or made inside another
+// fork's side work (which the origin's wait does not order).
 // As with the context's workspace, work on streams that the caller does not
 // order (a fork from another stream, another thread's) must not overlap:
 // the one cuBLAS handle and its two workspaces serve one thread at a time.
@@ -61,13 +63,13 @@ struct SideStream {
   static SideStream create(const char* op, StreamPriority priority);
   void follow(cudaStream_t origin, const char* op) const;  // its next work after origin's so far
   void rejoin(cudaStream_t origin, const char* op) const;  // origin's next work after its so far
-  bool rejoin_reporting(cudaStream_t origin, const char* op) const;  // the same where it cannot throw: false on failure
+  void rejoin_reporting(cudaStream_t origin, const char* op) const;  // the same where it cannot throw
 };
 
 void check(cudaError_t status, const char* op, const char* call);
 // Where a failure cannot be thrown (destructors, clean-up on an error path):
 // printed to stderr as "tapegrad: <op>: <call> failed: <reason>".
-bool report_failure(cudaError_t status, const char* op, const char* call);  // prints a failure; false on one
+void report_failure(cudaError_t status, const char* op, const char* call);
 void check(cublasStatus_t status, const char* op, const char* call);
 void check(cudnnStatus_t status, const char* op, const char* call);
 

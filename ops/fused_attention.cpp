@@ -714,7 +714,8 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
   // Nothing after dWo reads it: it runs on a side stream (its workspace
   // allocated before), so that do, Delta and the core do not wait for it;
   // joined after the core (long done by then), which frees the side cuBLAS
-  // workspace for dWqkv (core/cuda.h: one fork at a time).
+  // workspace for dWqkv's fork, made after this join (core/cuda_context.h,
+  // cublas_workspace()).
   Tensor out_weight_workspace = out_proj.workspace(out.out_weight, kDy, true, kO, false);
   cuda::Fork out_weight(x.is_cuda());
   out_weight.run([&] { out_proj.into(out.out_weight, kDy, true, kO, false, out_weight_workspace); });
@@ -739,7 +740,8 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
   });
   qkv_proj.convert(kDqkv, kDqkv + 1);
   // dWqkv and dx read the same converted dqkv: dWqkv runs on a side stream
-  // beside dx (H200, C API: the "high" mean -2.4 us; bench/NOTES.md version 31).
+  // beside dx (H200, C API: the "high" mean -2.4 us; with dWo's fork at
+  // "highest" too, its mean -17.5 us; bench/NOTES.md version 31).
   const Tensor qkv_weight_workspace = qkv_proj.workspace(out.qkv_weight, kDqkv, true, kX, false);
   cuda::Fork qkv_weight(x.is_cuda());
   qkv_weight.run([&] { qkv_proj.into(out.qkv_weight, kDqkv, true, kX, false, qkv_weight_workspace); });

@@ -284,7 +284,9 @@ void gemm_fp16_into(const Fp16Group& group, int a, bool transpose_a, int b, bool
   const int64_t k = check_fp16_product(group, a, transpose_a, b, transpose_b, c);
   TG_CHECK(!workspace.defined() || (workspace.is_contiguous() && workspace.dtype() == DType::Float32 &&
                                     workspace.device() == c.device()),
-           "gemm_fp16: the workspace must be contiguous float32 on c's device, got ", workspace.shape());
+           "gemm_fp16: the workspace must be contiguous float32 on c's device (", c.device(), "), got ",
+           workspace.shape(), " ", workspace.dtype(), " on ", workspace.device(),
+           workspace.is_contiguous() ? "" : ", not contiguous");
   if (c.numel() == 0) return;
   if (k == 0) return fill_into(c, 0.0);  // an empty sum
   TG_DISPATCH_DEVICE(c, GemmKernels, gemm_fp16, group, a, transpose_a, b, transpose_b, c, workspace);

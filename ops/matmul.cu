@@ -386,17 +386,19 @@ SplitGemm split_gemm_of(const Fp16Group& group, int a, bool transpose_a, int b, 
   return g;
 }
 
-// Whether cuBLAS's hi hi slices of a split product go through the workspace
-// (below), and the floats of workspace g needs: the split GEMM's stretches
-// after the first, or a batch of those slices.
+// cuBLAS's hi hi slices of a split product over depth k.
+int64_t split_slices(int64_t k) { return (k + kFp16SplitSlice - 1) / kFp16SplitSlice; }
+
+// Whether those slices go through the workspace (below), and the floats of
+// workspace g needs: the split GEMM's stretches after the first, or a batch
+// of slices.
 bool batched_slices(const SplitGemm& g, bool split) {
-  const int64_t slices = (g.depth + kFp16SplitSlice - 1) / kFp16SplitSlice;
-  return split && g.splits == 0 && slices > 1 && g.rows * g.cols <= kFp16BatchedSliceElements;
+  return split && g.splits == 0 && split_slices(g.depth) > 1 && g.rows * g.cols <= kFp16BatchedSliceElements;
 }
 int64_t workspace_floats(const SplitGemm& g, bool split) {
-  const int64_t slices = (g.depth + kFp16SplitSlice - 1) / kFp16SplitSlice, size = g.rows * g.cols;
+  const int64_t size = g.rows * g.cols;
   if (g.splits > 1) return (g.splits - 1) * size;
-  return batched_slices(g, split) ? std::min(slices, kFp16BatchedSlices) * size : 0;
+  return batched_slices(g, split) ? std::min(split_slices(g.depth), kFp16BatchedSlices) * size : 0;
 }
 }  // namespace
 }  // namespace cuda
@@ -440,7 +442,7 @@ void GemmKernels<Device::CUDA>::gemm_fp16(const Fp16Group& group, int a, bool tr
   // strided-batched GEMM into a workspace, then added to c in slice order (the
   // additions the one-by-one beta = 1 GEMMs make, without each small GEMM
   // rereading and rewriting c).
-  const int64_t slices = (k + kFp16SplitSlice - 1) / kFp16SplitSlice;
+  const int64_t slices = split_slices(k);
   const bool batched = batched_slices(g, split);
   float* slots = batched ? workspace.data<float>() : nullptr;
   cublasHandle_t handle = cublas();

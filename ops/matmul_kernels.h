@@ -174,6 +174,9 @@ void convert_to_fp16(const std::vector<Tensor>& xs, const Fp16Group& group, int 
 // gemm_fp16_workspace's floats for this c (0: none needed).
 void gemm_fp16_into(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b, const Tensor& c,
                     const Tensor& workspace = Tensor());
+// The floats of workspace gemm_fp16_into needs for this product: they depend
+// on c's address (the split GEMM's alignment) and on enable_warpgroup_gemm,
+// so ask with the same c and setting as the product's.
 int64_t gemm_fp16_workspace(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b, const Tensor& c);
 // The same into a new float32 c [n, m].
 Tensor gemm_fp16(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b);
