@@ -713,9 +713,9 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
   out_proj.convert(kDy, kWo + 1);
   // Nothing after dWo reads it: it runs on a side stream (its workspace
   // allocated before), so that do, Delta and the core do not wait for it;
-  // joined after the core (long done by then), which frees the side cuBLAS
-  // workspace for dWqkv's fork, made after this join (core/cuda_context.h,
-  // cublas_workspace()).
+  // joined after the core (which it runs beside), which frees the side
+  // cuBLAS workspace for dWqkv's fork, made after this join
+  // (core/cuda_context.h, cublas_workspace()).
   Tensor out_weight_workspace = out_proj.workspace(out.out_weight, kDy, true, kO, false);
   cuda::Fork out_weight(x.is_cuda());
   out_weight.run([&] { out_proj.into(out.out_weight, kDy, true, kO, false, out_weight_workspace); });
