@@ -708,17 +708,22 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
   projection_inputs.run([&] { qkv_proj.convert(kX, kDqkv); });
 
   // y = o Wo^T + bo:  dWo = dy^T o, do = dy Wo (dbo, the column sums of dy, with the other biases below).
-  enum { kDy, kO, kWo };
-  const Projections out_proj({dy, o, in.out_weight}, precision);
+  // dy and Wo are converted here, for do; o, which only dWo reads, last (the group's slot order), on dWo's fork.
+  enum { kDy, kWo, kO };
+  const Projections out_proj({dy, in.out_weight, o}, precision);
   out_proj.convert(kDy, kWo + 1);
-  // Nothing after dWo reads it: it runs on a side stream (its workspace
-  // allocated before), so that do, Delta and the core do not wait for it;
-  // joined after the core (which it runs beside), which frees the side
-  // cuBLAS workspace for dWqkv's fork, made after this join
-  // (core/cuda_context.h, cublas_workspace()).
+  // Nothing after dWo reads it: o's conversion and dWo run on a side stream
+  // (the GEMM's workspace allocated before), so that do, Delta and the core
+  // do not wait for them (H200, C API: o's conversion moved there, the "high"
+  // mean -1.1%, bench/NOTES.md version 32); joined after the core (which they
+  // run beside), which frees the side cuBLAS workspace for dWqkv's fork, made
+  // after this join (core/cuda_context.h, cublas_workspace()).
   Tensor out_weight_workspace = out_proj.workspace(out.out_weight, kDy, true, kO, false);
   cuda::Fork out_weight(x.is_cuda());
-  out_weight.run([&] { out_proj.into(out.out_weight, kDy, true, kO, false, out_weight_workspace); });
+  out_weight.run([&] {
+    out_proj.convert(kO, kO + 1);
+    out_proj.into(out.out_weight, kDy, true, kO, false, out_weight_workspace);
+  });
   const Tensor dout = empty({L.B, L.S, L.C}, opts);
   out_proj.into(rows_view(dout, L.C), kDy, false, kWo, false);
   g.dout = dout;
