@@ -600,7 +600,7 @@ LayerDims check_backward_args(const BackwardInputs& in, const Gradients& out) {
   return {B, S, C, H, D, M};
 }
 
-// The layer's projection GEMMs over three matrices (dy, o, Wo; x, Wqkv,
+// The layer's projection GEMMs over three matrices (dy, Wo, o; x, Wqkv,
 // dqkv): c = op(m_a) @ op(m_b), op(m) = m^T where transposed. On CUDA
 // (float32) on fp16 tensor cores, the matrices converted by convert() into
 // one group, at once or in parts: at "high" to_fp16's form (TF32's mantissa
@@ -708,7 +708,7 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
   projection_inputs.run([&] { qkv_proj.convert(kX, kDqkv); });
 
   // y = o Wo^T + bo:  dWo = dy^T o, do = dy Wo (dbo, the column sums of dy, with the other biases below).
-  // dy and Wo are converted here, for do; o, which only dWo reads, last (the group's slot order), on dWo's fork.
+  // dy and Wo are converted here, for do; o, whose fp16 copy only dWo reads, last (slot order), on dWo's fork.
   enum { kDy, kWo, kO };
   const Projections out_proj({dy, in.out_weight, o}, precision);
   out_proj.convert(kDy, kWo + 1);
