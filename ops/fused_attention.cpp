@@ -211,6 +211,17 @@ bool FusedAttentionKernels<Device::CPU>::writes_key_gradients(const AttentionDim
 }
 
 template <>
+int64_t FusedAttentionKernels<Device::CPU>::edit_bias_sums_size(const AttentionDims&, MatmulPrecision, bool) {
+  return 0;  // the CPU backward adds into dw_in and dw_x
+}
+
+template <>
+void FusedAttentionKernels<Device::CPU>::finish_edit_bias_sums(const AttentionInputs&, const AttentionGradTensors&,
+                                                               MatmulPrecision, bool) {
+  TG_FAIL("fused_attention_backward: the edit-bias sums' scratch exists on CUDA only");
+}
+
+template <>
 void FusedAttentionKernels<Device::CPU>::reset_key_halves(const HalfKeyGradients&) {
   TG_FAIL("fused_attention_backward: fp16 key gradients exist on CUDA only");
 }
@@ -670,6 +681,11 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
   g.probs = in.attention_probs, g.probs_dropped = in.attention_probs_dropped;
   const Tensor dqkv = qkv_gradient(x, core.d, precision, true, g);
   g.dE = out.edit_region_bias, g.dw_in = out.within_edit_bias.view({L.H}), g.dw_x = out.cross_edit_bias.view({L.H});
+  // On CUDA dw_in's and dw_x's fp64 sums are zeroed with the other fills and
+  // finished beside the qkv projection (below), two kernels off the critical
+  // path (H200, C API: the "high" mean -3.5 us, bench/NOTES.md version 33).
+  const int64_t edit_sums = TG_DISPATCH_DEVICE(x, FusedAttentionKernels, edit_bias_sums_size, core.d, precision, true);
+  if (edit_sums > 0) g.edit_bias_sums = empty({edit_sums}, {DType::Float64, x.device()});
   const Tensor sums = empty({2, L.B, L.H, L.S}, opts);  // one fill for both
   g.colsum_ds = sums.narrow(0, 0, 1).squeeze(0), g.rowsum_pd = sums.narrow(0, 1, 1).squeeze(0);
   // On CUDA the core reads fp16 copies of q (and of dout), at "highest"
@@ -701,6 +717,7 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
   fills.run([&] {
     zero_qkv_gradient(dqkv, g);
     fill_into(sums, 0.0);
+    if (g.edit_bias_sums.defined()) fill_into(g.edit_bias_sums, 0.0);
   });
   query_half.run([&] {
     if (!core.qkv_half.matrices.empty()) convert_to_fp16({q_rows}, core.qkv_half);
@@ -737,11 +754,13 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
   // dbqkv from fp32 sums, not from the tensor-core dq, dk, dv: sum_i dq_i =
   // scale sum_j colsum(dS)_j k_j, sum_j dk_j = 0 (dS rows sum to 0), sum_j dv_j = sum_i rowsum(Pd)_i do_i;
   // and dbo = sum_i dy_i: dbq, dbv and dbo as one stacked column sum, which writes dbk's zeros with dbq.
-  // It runs beside the qkv projection.
+  // It runs beside the qkv projection, and so do dw_in and dw_x from their sums.
   cuda::Fork biases(x.is_cuda());
   biases.run([&] {
     TG_DISPATCH_DEVICE(x, AttentionBiasKernels, bias_sums, g.colsum_ds, g.rowsum_pd, key, dout, dy, scale,
                        out.qkv_bias, out.out_bias, bias_scratch);
+    if (g.edit_bias_sums.defined())
+      TG_DISPATCH_DEVICE(x, FusedAttentionKernels, finish_edit_bias_sums, core, g, precision, true);
   });
   qkv_proj.convert(kDqkv, kDqkv + 1);
   // dWqkv and dx read the same converted dqkv: dWqkv runs on a side stream

@@ -337,6 +337,21 @@ void FusedAttentionKernels<Device::CUDA>::row_dot(const Tensor& dout, const Tens
   check_launch("fused_attention (row dot)");
 }
 
+// With P read at "highest" the sums are rows (launch_backward's kRowSums).
+template <>
+int64_t FusedAttentionKernels<Device::CUDA>::edit_bias_sums_size(const AttentionDims& d, MatmulPrecision precision,
+                                                                 bool read) {
+  return cuda::edit_bias_sums_elements(d, read && precision == MatmulPrecision::Highest);
+}
+
+template <>
+void FusedAttentionKernels<Device::CUDA>::finish_edit_bias_sums(const AttentionInputs& in, const AttentionGradTensors& g,
+                                                                MatmulPrecision precision, bool read) {
+  TG_CHECK(g.edit_bias_sums.defined() && g.dw_in.defined() && g.dw_x.defined(),
+           "fused_attention_backward: finishing dw_in and dw_x needs their sums' scratch and both outputs");
+  cuda::launch_finish_edit_bias_sums(in, g, g.edit_bias_sums, read && precision == MatmulPrecision::Highest);
+}
+
 template <>
 void FusedAttentionKernels<Device::CUDA>::backward(const AttentionInputs& in, const AttentionGradTensors& g,
                                                    MatmulPrecision precision) {
@@ -354,6 +369,14 @@ void FusedAttentionKernels<Device::CUDA>::backward(const AttentionInputs& in, co
   if (g.dout_half.matrices.empty()) check_aligned("dout", g.dout, 16);  // read as float tiles
   TG_CHECK(!g.probs.defined() || (g.colsum_ds.defined() && g.rowsum_pd.defined()),
            "fused_attention_backward: reading P needs the column and row sum outputs");
+  if (g.edit_bias_sums.defined()) {
+    const int64_t size = edit_bias_sums_size(in.d, precision, g.probs.defined());
+    TG_CHECK(g.dw_in.defined() && g.edit_bias_sums.dtype() == DType::Float64 && g.edit_bias_sums.is_contiguous() &&
+                 g.edit_bias_sums.numel() == size,
+             "fused_attention_backward: edit_bias_sums must be a contiguous float64 [", size,
+             "] beside dw_in; got ", dtype_name(g.edit_bias_sums.dtype()), " ", g.edit_bias_sums.shape(),
+             g.dw_in.defined() ? "" : " without dw_in");
+  }
   if (uses_warpgroup_kernel(g.probs.defined())) return launch_interface_backward_warpgroup(in, g, precision);
   with_backward_policy(precision, g.probs.defined(), [&](auto mma, auto read) {
     launch_backward<decltype(mma), decltype(read)::value>(in, g);

@@ -531,6 +531,23 @@ __global__ void finish_edit_bias_sums_kernel(const double* dw_sums, const double
   }
 }
 
+// The fp64 sums behind dw_in and dw_x: [2, H] of the kernel's, or with
+// kRowSums [4, B, H, S] row sums.
+int64_t edit_bias_sums_elements(const AttentionDims& d, bool row_sums) {
+  return row_sums ? 4 * d.B * d.H * d.S : 2 * d.H;
+}
+
+void launch_finish_edit_bias_sums(const AttentionInputs& in, const AttentionGradTensors& g, const Tensor& sums,
+                                  bool row_sums) {
+  const AttentionDims d = in.d;
+  if (d.H == 0) return;
+  const double* values = sums.data<double>();
+  finish_edit_bias_sums_kernel<<<static_cast<unsigned>(d.H), 256, 0, stream()>>>(
+      row_sums ? nullptr : values, row_sums ? values : nullptr, in.edit_mask.data<float>(), g.dw_in.data<float>(),
+      g.dw_x.data<float>(), d.B, d.H, d.S);
+  check_launch("fused_attention_backward (edit-bias sums)");
+}
+
 KeyHalves key_halves_args(const HalfKeyGradients& kv, const AttentionDims& d) {
   const int64_t C = d.H * kD;
   __half* values = reinterpret_cast<__half*>(kv.values.data<float>());
@@ -605,12 +622,14 @@ void launch_backward(const AttentionInputs& in, const AttentionGradTensors& g) {
   const int splits = halves ? 1 : grid_splits;  // fp16 dK and dV are stored by their tile's one CTA
   TG_CHECK(g.keys_zeroed || splits == 1, "fused_attention_backward: dk and dv are not zeroed, but ", splits,
            " CTAs per key tile would add to them (writes_key_gradients said they are written)");
-  // The edit-bias scalar sums (dw_in, dw_x wanted): the kernel's fp64 sums, or with kRowSums its row sums.
+  // The edit-bias scalar sums (dw_in, dw_x wanted): the kernel's fp64 sums,
+  // or with kRowSums its row sums, in the caller's scratch or zeroed here.
   constexpr bool row_sums = kRead && Mma::kHighest;
-  const bool sums = g.dw_in.defined();
-  const TensorOptions f64{DType::Float64, Device::CUDA};
-  const Tensor dw_sums = sums && !row_sums ? zeros({2, d.H}, f64) : Tensor();
-  const Tensor rows = sums && row_sums ? zeros({4, d.B, d.H, d.S}, f64) : Tensor();
+  const bool sums = g.dw_in.defined(), given = g.edit_bias_sums.defined();
+  const Tensor scratch = !sums ? Tensor()
+                         : given ? g.edit_bias_sums
+                                 : zeros({edit_bias_sums_elements(d, row_sums)}, {DType::Float64, Device::CUDA});
+  const Tensor dw_sums = row_sums ? Tensor() : scratch, rows = row_sums ? scratch : Tensor();
   BackwardArgs args{head_rows<const float>(in.q), head_rows<const float>(in.k), head_rows<const float>(in.v),
                     data_or_null<float>(g.dout), data_or_null<float>(g.lse), g.delta.data<float>(),
                     data_or_null<float>(g.probs), data_or_null<float>(g.probs_dropped),
@@ -624,12 +643,7 @@ void launch_backward(const AttentionInputs& in, const AttentionGradTensors& g) {
   const dim3 grid(static_cast<unsigned>(key_tiles * splits), static_cast<unsigned>(d.B * d.H));
   attention_backward_kernel<Mma, kRead><<<grid, kBwdThreads, Layout::kBytes, stream()>>>(args);
   check_launch("fused_attention_backward");
-  if (sums) {
-    finish_edit_bias_sums_kernel<<<static_cast<unsigned>(d.H), 256, 0, stream()>>>(
-        args.dw_sums, args.row_sums, in.edit_mask.data<float>(), g.dw_in.data<float>(), g.dw_x.data<float>(),
-        d.B, d.H, d.S);
-    check_launch("fused_attention_backward (edit-bias sums)");
-  }
+  if (sums && !given) launch_finish_edit_bias_sums(in, g, scratch, row_sums);
 }
 
 }  // namespace

@@ -74,6 +74,12 @@ struct AttentionGradTensors {
   bool keys_zeroed = true;      // false: dk and dv left unzeroed, as writes_key_gradients allowed
   Tensor colsum_ds, rowsum_pd;  // optional
   HalfKeyGradients key_halves;  // optional (CUDA, "high", recomputed P): dk and dv as fp16, not dk and dv
+  // optional (CUDA, dw_in wanted): the fp64 scratch of dw_in's and dw_x's
+  // sums, edit_bias_sums_size elements, zeroed by the caller, who then
+  // writes dw_in and dw_x with finish_edit_bias_sums after backward (both
+  // off backward's stream: a cuda::Fork's side work); undefined: backward
+  // zeroes its own and finishes.
+  Tensor edit_bias_sums;
 };
 
 // The score of query i against key j of head h before masking.
@@ -94,6 +100,11 @@ struct FusedAttentionKernels {
   // when one CTA per key tile walks every query tile), so that the caller
   // zeroes only dq. read: probs given (the benchmark interface).
   static bool writes_key_gradients(const AttentionDims& d, MatmulPrecision precision, bool read);
+  // AttentionGradTensors::edit_bias_sums's size for backward (0: none taken,
+  // on CPU); CUDA only: dw_in and dw_x from those sums, once backward has run.
+  static int64_t edit_bias_sums_size(const AttentionDims& d, MatmulPrecision precision, bool read);
+  static void finish_edit_bias_sums(const AttentionInputs& in, const AttentionGradTensors& g,
+                                    MatmulPrecision precision, bool read);
   // CUDA only: sets key_halves' scratch for a backward that writes them.
   static void reset_key_halves(const HalfKeyGradients& kv);
   // CUDA only, after that backward: qkv's gradient [B S, 3C] as fp16 into
