@@ -337,7 +337,20 @@ void FusedAttentionKernels<Device::CUDA>::row_dot(const Tensor& dout, const Tens
   check_launch("fused_attention (row dot)");
 }
 
-// With P read at "highest" the sums are rows (launch_backward's kRowSums).
+namespace {
+// The caller's scratch for dw_in's and dw_x's sums (defined): `size` float64
+// on CUDA, beside the outputs its finish writes.
+void check_edit_bias_sums(const AttentionGradTensors& g, int64_t size) {
+  const Tensor& sums = g.edit_bias_sums;
+  const bool outputs = g.dw_in.defined() && g.dw_x.defined();
+  TG_CHECK(outputs && sums.is_cuda() && sums.dtype() == DType::Float64 && sums.is_contiguous() && sums.numel() == size,
+           "fused_attention_backward: edit_bias_sums must be a contiguous float64 [", size,
+           "] on CUDA beside dw_in and dw_x; got ", dtype_name(sums.dtype()), " ", sums.shape(), " on ", sums.device(),
+           outputs ? "" : " without dw_in or dw_x");
+}
+}  // namespace
+
+// With P read at "highest" the sums are rows (launch_backward's row_sums).
 template <>
 int64_t FusedAttentionKernels<Device::CUDA>::edit_bias_sums_size(const AttentionDims& d, MatmulPrecision precision,
                                                                  bool read) {
@@ -347,8 +360,8 @@ int64_t FusedAttentionKernels<Device::CUDA>::edit_bias_sums_size(const Attention
 template <>
 void FusedAttentionKernels<Device::CUDA>::finish_edit_bias_sums(const AttentionInputs& in, const AttentionGradTensors& g,
                                                                 MatmulPrecision precision, bool read) {
-  TG_CHECK(g.edit_bias_sums.defined() && g.dw_in.defined() && g.dw_x.defined(),
-           "fused_attention_backward: finishing dw_in and dw_x needs their sums' scratch and both outputs");
+  TG_CHECK(g.edit_bias_sums.defined(), "fused_attention_backward: finishing dw_in and dw_x needs their sums' scratch");
+  check_edit_bias_sums(g, edit_bias_sums_size(in.d, precision, read));
   cuda::launch_finish_edit_bias_sums(in, g, g.edit_bias_sums, read && precision == MatmulPrecision::Highest);
 }
 
@@ -369,14 +382,7 @@ void FusedAttentionKernels<Device::CUDA>::backward(const AttentionInputs& in, co
   if (g.dout_half.matrices.empty()) check_aligned("dout", g.dout, 16);  // read as float tiles
   TG_CHECK(!g.probs.defined() || (g.colsum_ds.defined() && g.rowsum_pd.defined()),
            "fused_attention_backward: reading P needs the column and row sum outputs");
-  if (g.edit_bias_sums.defined()) {
-    const int64_t size = edit_bias_sums_size(in.d, precision, g.probs.defined());
-    TG_CHECK(g.dw_in.defined() && g.edit_bias_sums.dtype() == DType::Float64 && g.edit_bias_sums.is_contiguous() &&
-                 g.edit_bias_sums.numel() == size,
-             "fused_attention_backward: edit_bias_sums must be a contiguous float64 [", size,
-             "] beside dw_in; got ", dtype_name(g.edit_bias_sums.dtype()), " ", g.edit_bias_sums.shape(),
-             g.dw_in.defined() ? "" : " without dw_in");
-  }
+  if (g.edit_bias_sums.defined()) check_edit_bias_sums(g, edit_bias_sums_size(in.d, precision, g.probs.defined()));
   if (uses_warpgroup_kernel(g.probs.defined())) return launch_interface_backward_warpgroup(in, g, precision);
   with_backward_policy(precision, g.probs.defined(), [&](auto mma, auto read) {
     launch_backward<decltype(mma), decltype(read)::value>(in, g);

@@ -221,9 +221,10 @@ TEST_CASE("fused/benchmark interface: inputs and outputs off a 16-byte boundary"
 // overflows to Inf (at 2^-30 by about 2^10, an estimate from these sizes).
 // The tile of zeros checks that an infinite b_v gives finite, right
 // gradients (its former scale, 1, left dS in fp16's subnormals, an error
-// these rules would not see). Head 0's whole v is 2^-20 smaller again, and
-// with it its Delta: a CTA capped by another (b, h)'s Delta bound (a bound
-// taken from the wrong rows) overflows the same way. attention_output = Pd v
+// these rules would not see). (b, h) = (0, 0)'s whole v is 2^-20 smaller
+// again, and with it its Delta: a CTA of another head or batch capped by
+// (0, 0)'s Delta bound (a bound taken from the wrong rows) overflows the
+// same way. attention_output = Pd v
 // is made again from the changed v, so that rowsum(do o) stays equal to
 // rowsum(P dP), the Delta reference_backward forms.
 TEST_CASE("fused/benchmark interface: a key tile of v far smaller than the rest, or zeros" * doctest::skip(kNoGpu)) {
@@ -234,7 +235,7 @@ TEST_CASE("fused/benchmark interface: a key tile of v far smaller than the rest,
     BackwardInputs in = make_backward_inputs(s);
     tg::Tensor v = in.value.clone();  // [B, H, S, D]
     v.narrow(2, 64, s.S - 64).copy_(tg::mul(in.value.narrow(2, 64, s.S - 64), factor));
-    v.narrow(1, 0, 1).copy_(tg::mul(v.narrow(1, 0, 1), 0x1p-20));
+    v.narrow(0, 0, 1).narrow(1, 0, 1).copy_(tg::mul(v.narrow(0, 0, 1).narrow(1, 0, 1), 0x1p-20));
     in.value = v;
     in.attention_output = tg::matmul(in.attention_probs_dropped, v, tg::MatmulPrecision::Highest)
                               .permute({0, 2, 1, 3})
