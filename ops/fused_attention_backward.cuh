@@ -537,6 +537,7 @@ int64_t edit_bias_sums_elements(const AttentionDims& d, bool row_sums) {
   return row_sums ? 4 * d.B * d.H * d.S : 2 * d.H;
 }
 
+// dw_in and dw_x from those sums (finish_edit_bias_sums_kernel, one block per head).
 void launch_finish_edit_bias_sums(const AttentionInputs& in, const AttentionGradTensors& g, const Tensor& sums,
                                   bool row_sums) {
   const AttentionDims d = in.d;

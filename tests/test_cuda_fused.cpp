@@ -224,9 +224,9 @@ TEST_CASE("fused/benchmark interface: inputs and outputs off a 16-byte boundary"
 // these rules would not see). (b, h) = (0, 0)'s whole v is 2^-20 smaller
 // again, and with it its Delta: a CTA of another head or batch capped by
 // (0, 0)'s Delta bound (a bound taken from the wrong rows) overflows the
-// same way. attention_output = Pd v
-// is made again from the changed v, so that rowsum(do o) stays equal to
-// rowsum(P dP), the Delta reference_backward forms.
+// same way. attention_output = Pd v is made again from the changed v, so
+// that rowsum(do o) stays equal to rowsum(P dP), the Delta
+// reference_backward forms.
 TEST_CASE("fused/benchmark interface: a key tile of v far smaller than the rest, or zeros" * doctest::skip(kNoGpu)) {
   tg::manual_seed(108);
   const Spec s{2, 128, 128, 2, 160, 0.1};
