@@ -338,6 +338,10 @@ void FusedAttentionKernels<Device::CUDA>::row_dot(const Tensor& dout, const Tens
 }
 
 namespace {
+// Whether backward keeps dw_in's and dw_x's sums as rows: with P read at
+// "highest" (launch_backward's row_sums: the Fp16x3 policies with kRead).
+bool edit_bias_row_sums(MatmulPrecision precision, bool read) { return read && precision == MatmulPrecision::Highest; }
+
 // The caller's scratch for dw_in's and dw_x's sums (defined): `size` float64
 // on CUDA, beside the outputs its finish writes.
 void check_edit_bias_sums(const AttentionGradTensors& g, int64_t size) {
@@ -350,11 +354,10 @@ void check_edit_bias_sums(const AttentionGradTensors& g, int64_t size) {
 }
 }  // namespace
 
-// With P read at "highest" the sums are rows (launch_backward's row_sums).
 template <>
 int64_t FusedAttentionKernels<Device::CUDA>::edit_bias_sums_size(const AttentionDims& d, MatmulPrecision precision,
                                                                  bool read) {
-  return cuda::edit_bias_sums_elements(d, read && precision == MatmulPrecision::Highest);
+  return cuda::edit_bias_sums_elements(d, edit_bias_row_sums(precision, read));
 }
 
 template <>
@@ -362,7 +365,7 @@ void FusedAttentionKernels<Device::CUDA>::finish_edit_bias_sums(const AttentionI
                                                                 MatmulPrecision precision, bool read) {
   TG_CHECK(g.edit_bias_sums.defined(), "fused_attention_backward: finishing dw_in and dw_x needs their sums' scratch");
   check_edit_bias_sums(g, edit_bias_sums_size(in.d, precision, read));
-  cuda::launch_finish_edit_bias_sums(in, g, g.edit_bias_sums, read && precision == MatmulPrecision::Highest);
+  cuda::launch_finish_edit_bias_sums(in, g, g.edit_bias_sums, edit_bias_row_sums(precision, read));
 }
 
 template <>
