@@ -7,11 +7,23 @@
 
 namespace tg::cuda {
 
+// The value of lane ^ offset: a scalar, or a float3 or double2 one part at a time.
+template <class T>
+__device__ __forceinline__ T shuffle_xor(T v, int offset) {
+  return __shfl_xor_sync(0xffffffffu, v, offset);
+}
+__device__ __forceinline__ float3 shuffle_xor(float3 v, int offset) {
+  return {shuffle_xor(v.x, offset), shuffle_xor(v.y, offset), shuffle_xor(v.z, offset)};
+}
+__device__ __forceinline__ double2 shuffle_xor(double2 v, int offset) {
+  return {shuffle_xor(v.x, offset), shuffle_xor(v.y, offset)};
+}
+
 // Combines the 32 lanes' values with `op`; every lane gets the result.
 template <class T, class Op>
 __device__ __forceinline__ T warp_reduce(T v, const Op& op) {
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  for (int offset = 16; offset > 0; offset >>= 1) v = op(v, shuffle_xor(v, offset));
   return v;
 }
 
@@ -120,6 +132,13 @@ __device__ T block_sum(T v) {
 // no values gives 0).
 __device__ inline float block_max(float v) {
   return block_reduce(v, [](float a, float b) { return fmaxf(a, b); }, 0.f);
+}
+
+// The block's largest of each of three values (each >= 0): one exchange
+// through shared memory, where three block_max take three.
+__device__ inline float3 block_max3(float3 v) {
+  const auto max3 = [](float3 a, float3 b) { return float3{fmaxf(a.x, b.x), fmaxf(a.y, b.y), fmaxf(a.z, b.z)}; };
+  return block_reduce(v, max3, float3{0.f, 0.f, 0.f});
 }
 
 // *amax_bits = max(*amax_bits, the block's largest m), every thread's m >= 0:

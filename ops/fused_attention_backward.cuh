@@ -209,7 +209,7 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
   float* q_delta = q_lse + kBwdRows;
   float* q_e = q_delta + kBwdRows;
   float* key_e = reinterpret_cast<float*>(at(Layout::kKeys));
-  float* key_ok = key_e + kBwdKeys;
+  float* key_a = key_e + kBwdKeys;  // a_j: key j takes part where it is not 0
   const ScoreArgs& sc = p.sc;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   // With kRead (the benchmark interface) blockIdx.y is h B + b: the CTAs resident at once cover most batches of one
@@ -254,24 +254,30 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
   // in flight; in training copies of qkv's fp16 copy (or of the float rows), at its group's scales.
   KeyTileScales keys;
   if constexpr (kRead) {
+    // Every load of the prologue is issued before the first wait: the query
+    // tile and the key flags, then the first tile's Pd (a group of its own,
+    // waited for at the first tile), then k and v, then Delta's maximum
+    // (over the (b, h)'s rows: Delta sums over every key tile's v); one block
+    // reduction takes the three maxima.
     copy_queries(split);
+    copy_key_flags(sc, b, k0, kBwdKeys, key_e, key_a);
+    async::commit();
+    copy_scores(probs(p.Pd), sc.S, split * kBwdRows, Pds);
     async::commit();
     ScaledHeadRows<kBwdThreads, kBwdKeys, decltype(Layout::place())::kWarpRows> k_in, v_in;
     k_in.load(p.k, b, h, k0, sc.S);
     v_in.load(p.v, b, h, k0, sc.S);
-    float delta_amax = 0.f;  // over the (b, h)'s rows: Delta sums over every key tile's v
-    const float* deltas = p.delta + bh * sc.S;
-    for (int i = threadIdx.x; i < static_cast<int>(sc.S); i += kBwdThreads)
-      delta_amax = fmaxf(delta_amax, finite_abs(deltas[i]));
-    keys.bound_delta = bound_scale_of(block_max(delta_amax));
-    keys.inverse_k = k_in.template store<Layout::kSplit>(Ks, Mma::kLowOffset, Layout::place(SameRow{}));
-    keys.inverse_v = v_in.template store<Layout::kSplit>(Vs, Mma::kLowOffset, Layout::place(FragmentOrder{}));
-    keys.bound_v = bound_scale_of(v_in.tile_amax);
+    const float3 amax = block_max3({thread_abs_max(p.delta + bh * sc.S, static_cast<int>(sc.S)), k_in.amax, v_in.amax});
+    keys.bound_delta = bound_scale_of(amax.x);
+    keys.inverse_k = k_in.template store<Layout::kSplit>(amax.y, Ks, Mma::kLowOffset, Layout::place(SameRow{}));
+    keys.inverse_v = v_in.template store<Layout::kSplit>(amax.z, Vs, Mma::kLowOffset, Layout::place(FragmentOrder{}));
+    keys.bound_v = bound_scale_of(amax.z);
   } else {
     static_assert(!Layout::kSplit, "split tiles read P (the benchmark interface)");
     copy_operand(operand_rows<kHalf>(p.k, p.half.k), HeadRows<const __half>{}, k0, Ks, SameRow{});
     copy_operand(operand_rows<kHalf>(p.v, p.half.v), HeadRows<const __half>{}, k0, Vs, FragmentOrder{});
     copy_queries(split);
+    copy_key_flags(sc, b, k0, kBwdKeys, key_e, key_a);
     async::commit();
     if constexpr (kHalf)
       keys = {p.half.inverse_scale(kHalfK), p.half.inverse_scale(kHalfV), p.half.bound_scale(kHalfV)};
@@ -282,20 +288,15 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
   const float pd_factor = kHalf ? p.half.pd_scale : 1.f, kept = sc.keep_scale * pd_factor;
   const float dpd_over_pd = factor.dpd / pd_factor;
   const float qk_scale = sc.scale * factor.qk;  // the score's factor of the K Q^T product, as in the forward
-  load_key_flags(sc, b, k0, kBwdKeys, key_e, key_ok);
-  async::wait<0>();
+  async::wait<kRead ? 1 : 0>();  // the operands and key flags are in (with kRead the first Pd may still be on the way)
   mma::operand_tiles_written<Mma>();
   __syncthreads();
   if constexpr (!kHalf) transpose_rows<kBwdThreads>(Ks, kBwdKeys, KTs, kStride);
-  if constexpr (kRead) {
-    copy_scores(probs(p.Pd), sc.S, split * kBwdRows, Pds);
-    async::commit();
-  }
 
   const int jl[2] = {key_of_row(warp, g), key_of_row(warp, g + 8)};  // this thread's two keys, side by side
   const float ej[2] = {key_e[jl[0]], key_e[jl[1]]};
-  const float2 terms[2] = {edit_terms(key_ok[jl[0]] != 0.f, ej[0], w_in, w_x),
-                           edit_terms(key_ok[jl[1]] != 0.f, ej[1], w_in, w_x)};
+  const float2 terms[2] = {edit_terms(key_a[jl[0]] != 0.f, ej[0], w_in, w_x),
+                           edit_terms(key_a[jl[1]] != 0.f, ej[1], w_in, w_x)};
   const auto key_rows = [&](int r) { return key_of_row(warp, r); };
   const auto warp_rows = [&](int r) { return 16 * warp + r; };  // V's keys (stored in fragment order), dQ's queries
   float dK[8][4] = {}, dV[8][4] = {};
@@ -500,10 +501,12 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
     if (kRead && t == 0 && k0 + jl[r] < sc.S) atomicAdd(p.colsum_ds + bh * sc.S + k0 + jl[r], colsum[r]);
   }
   if (p.dw_sums) {  // fp64 across CTAs too: the partial sums are much larger than the total
-    const double win = block_sum(dw_in_part), wx = block_sum(dw_x_part);
+    const double2 sums = block_reduce(
+        double2{dw_in_part, dw_x_part}, [](double2 a, double2 b) { return double2{a.x + b.x, a.y + b.y}; },
+        double2{0, 0});
     if (threadIdx.x == 0) {
-      atomicAdd(p.dw_sums + h, win);
-      atomicAdd(p.dw_sums + sc.H + h, wx);
+      atomicAdd(p.dw_sums + h, sums.x);
+      atomicAdd(p.dw_sums + sc.H + h, sums.y);
     }
   }
 }

@@ -194,8 +194,7 @@ struct ScaledHeadRows {
   static constexpr int kChunks = kRows / Chunks::kRowStep, kPerChunk = Chunks::kPerChunk;
   static_assert(kPerChunk == 8, "a chunk is four fp16 pairs");
   float x[kChunks][kPerChunk];
-  float amax = 0.f;       // of this thread's finite elements
-  float tile_amax = 0.f;  // of the tile's, after store
+  float amax = 0.f;  // of this thread's finite elements
 
   // Rows row0 .. row0 + kRows - 1 (zeros past S), 16-byte aligned (check_rows).
   __device__ void load(const HeadRows<const float>& rows, int64_t b, int64_t h, int64_t row0, int64_t S) {
@@ -212,11 +211,11 @@ struct ScaledHeadRows {
     }
   }
 
-  // Element (r, col) to dst + at(r, col), with kLow its low part low_offset further.
+  // Element (r, col) to dst + at(r, col), with kLow its low part low_offset
+  // further, at the scale of tile_amax (the block's largest amax); returns 1 / that scale.
   template <bool kLow, class Place>
-  __device__ float store(__half* dst, int low_offset, const Place& at) {
+  __device__ float store(float tile_amax, __half* dst, int low_offset, const Place& at) {
     static_assert(Place::kWarpRows == kWarpRows, "the placement the chunks were chosen for");
-    tile_amax = block_max(amax);
     const int e = scale_exponent(tile_amax, 14);
     const float scale = ldexpf(1.f, e);
 #pragma unroll
@@ -235,6 +234,24 @@ struct ScaledHeadRows {
     return ldexpf(1.f, -e);
   }
 };
+
+// This thread's share of the largest finite |x[i]|, i < n (the block's
+// threads take every blockDim.x-th element), eight loads in flight at a time.
+__device__ __forceinline__ float thread_abs_max(const float* x, int n) {
+  constexpr int kInFlight = 8;
+  float m = 0.f;
+  for (int i0 = threadIdx.x; i0 < n; i0 += kInFlight * blockDim.x) {
+    float v[kInFlight];
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) {
+      const int i = i0 + u * blockDim.x;
+      v[u] = i < n ? x[i] : 0.f;
+    }
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) m = fmaxf(m, finite_abs(v[u]));
+  }
+  return m;
+}
 
 // Queues the copy of a kRows x kCols tile of a row-major global matrix (row
 // stride ld) into shared memory (row stride dst_stride); elements at row >=
@@ -335,14 +352,17 @@ __device__ __forceinline__ void load_key_terms(const ScoreArgs& sc, int64_t b, i
   terms[n + threadIdx.x] = t.y;
 }
 
-// e_j and whether key j takes part (exists and is not masked) for keys k0 ..
-// k0 + n - 1, into shared memory; thread j takes key k0 + j.
-__device__ __forceinline__ void load_key_flags(const ScoreArgs& sc, int64_t b, int64_t k0, int n, float* key_e,
-                                               float* key_ok) {
+// Queues the copies of e_j and a_j for keys k0 .. k0 + n - 1 into shared
+// memory, zeros past S: key j takes part (key_takes_part) where its a_j != 0.
+// Thread j takes key k0 + j.
+__device__ __forceinline__ void copy_key_flags(const ScoreArgs& sc, int64_t b, int64_t k0, int n, float* key_e,
+                                               float* key_a) {
   if (threadIdx.x >= n) return;
   const int64_t j = k0 + threadIdx.x;
-  key_e[threadIdx.x] = j < sc.S ? sc.e[b * sc.S + j] : 0.f;
-  key_ok[threadIdx.x] = key_takes_part(sc, b, j) ? 1.f : 0.f;
+  const bool inside = j < sc.S;
+  const int64_t at = b * sc.S + (inside ? j : 0);
+  async::copy4(key_e + threadIdx.x, sc.e + at, inside);
+  async::copy4(key_a + threadIdx.x, sc.a + at, inside);
 }
 
 // x[k] <- x[k ^ u] for a u in 0 .. 3 known only at run time (two rounds of selects).
