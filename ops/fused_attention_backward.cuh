@@ -24,8 +24,9 @@ namespace {
 // Loads are cp.async groups, issued ahead of their use: this tile's S x S
 // input (P, or the edit_region_bias corner) while dPd^T is computed; the next
 // tile's Q, dO, per-query e, Delta (lse) and Pd as soon as this tile's are
-// read, during dQ and dE. (Reading P, the CTA's K and V are plain loads,
-// converted to fp16 once, at the start.)
+// read, during dQ and dE; the first tile's with the key flags at the start.
+// (Reading P, the CTA's K and V are plain loads, converted to fp16 once, at
+// the start, while those copies are in flight.)
 //
 // With the Fp16 policy ("high") Q, K, V and dO arrive as fp16 copies scaled
 // by powers of two (to_fp16; reading P, K and V come as floats, and the CTA
@@ -50,7 +51,10 @@ static_assert(kBwdKeys == 16 * (kBwdThreads / 32) && kBwdRows == kBwdKeys,
 template <class Mma, bool kRead>
 struct BackwardLayout : TileLayout<Mma> {
   using T = TileLayout<Mma>;
-  static constexpr int kCtasPerSm = T::kHalf && !T::kSplit ? 3 : 2;  // Fp16x3: 111 KB
+  // Fp16x3: 111 KB. The kernel's static shared memory (block_reduce's
+  // partials, 896 bytes) counts against the same budget: two Fp16x3 CTAs of
+  // the mma.sync kernel leave under 1 KB of an H200's SM free.
+  static constexpr int kCtasPerSm = T::kHalf && !T::kSplit ? 3 : 2;
   static constexpr bool kSecondTile = !T::kHalf || kRead;
   static constexpr size_t kRowSumBytes = kRead && Mma::kHighest ? kBwdThreads / 32 * 4 * kBwdRows * sizeof(double) : 0;
   static constexpr size_t kK = 0, kV = T::kTile, kQ = 2 * T::kTile, kDO = 3 * T::kTile, kDS = 4 * T::kTile,
@@ -250,7 +254,7 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
     }
   };
 
-  // K and V: with kRead the float k and v, converted here at the CTA's own scales while the query tile's copies are
+  // K and V: with kRead the float k and v, converted here at the CTA's own scales while the first tile's copies are
   // in flight; in training copies of qkv's fp16 copy (or of the float rows), at its group's scales.
   KeyTileScales keys;
   if constexpr (kRead) {

@@ -183,9 +183,11 @@ __device__ void copy_head_rows(const HeadRows<const T>& x, int64_t b, int64_t h,
 // stages its keys once, so reading the float rows here replaces a
 // conversion pass before the kernel; bench/NOTES.md, version 30). Each
 // thread holds the 16-byte chunks copy_head_rows would copy (HeadChunks) as
-// floats: load, then every thread calls store, which scales the tile by
-// 2^e, e from its largest finite |x| (tile_amax, put in [2^13, 2^14) as
-// to_fp16's bound scale puts a matrix's), and returns 2^-e.
+// floats: load; the caller takes the block's largest amax (tile_amax, the
+// tile's largest finite |x|: block_max, or block_max3 with other maxima),
+// then every thread calls store(tile_amax, ...), which scales the tile by
+// 2^e (tile_amax put in [2^13, 2^14) as to_fp16's bound scale puts a
+// matrix's max) and returns 2^-e.
 template <int kThreads, int kRows, int kWarpRows>
 struct ScaledHeadRows {
   using Chunks = HeadChunks<kThreads, __half, kWarpRows>;
