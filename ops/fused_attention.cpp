@@ -216,6 +216,11 @@ int64_t FusedAttentionKernels<Device::CPU>::edit_bias_sums_size(const AttentionD
 }
 
 template <>
+KernelResidency FusedAttentionKernels<Device::CPU>::backward_residency(MatmulPrecision, bool) {
+  TG_FAIL("fused_attention_backward: CTAs per SM exist on CUDA only");
+}
+
+template <>
 void FusedAttentionKernels<Device::CPU>::finish_edit_bias_sums(const AttentionInputs&, const AttentionGradTensors&,
                                                                MatmulPrecision, bool) {
   TG_FAIL("fused_attention_backward: the edit-bias sums' scratch exists on CUDA only");

@@ -435,6 +435,15 @@ void FusedAttentionKernels<Device::CUDA>::half_qkv_scalars(const HalfKeyGradient
 }
 
 template <>
+KernelResidency FusedAttentionKernels<Device::CUDA>::backward_residency(MatmulPrecision precision, bool read) {
+  using namespace cuda;
+  if (uses_warpgroup_kernel(read)) return interface_backward_warpgroup_residency(precision);
+  return with_backward_policy(precision, read, [&](auto mma, auto read_p) {
+    return cuda::backward_residency<decltype(mma), decltype(read_p)::value>();
+  });
+}
+
+template <>
 bool FusedAttentionKernels<Device::CUDA>::writes_key_gradients(const AttentionDims& d, MatmulPrecision precision,
                                                                bool read) {
   using namespace cuda;

@@ -620,6 +620,17 @@ BackwardGrid backward_grid(const AttentionDims& d) {
 }
 
 template <class Mma, bool kRead>
+KernelResidency backward_residency() {
+  using Layout = BackwardLayout<Mma, kRead>;
+  allow_shared_memory<attention_backward_kernel<Mma, kRead>>(Layout::kBytes, "fused_attention");
+  int resident = 0;
+  TG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, attention_backward_kernel<Mma, kRead>,
+                                                              kBwdThreads, Layout::kBytes),
+                "fused_attention_backward (CTAs per SM)");
+  return {resident, Layout::kCtasPerSm};
+}
+
+template <class Mma, bool kRead>
 void launch_backward(const AttentionInputs& in, const AttentionGradTensors& g) {
   using Layout = BackwardLayout<Mma, kRead>;
   const AttentionDims d = in.d;
@@ -666,5 +677,7 @@ namespace tg::cuda {
 // (ops/fused_attention_warpgroup.cu, built for sm_90a).
 void launch_interface_backward_warpgroup(const AttentionInputs& in, const AttentionGradTensors& g,
                                          MatmulPrecision precision);
+// backward_residency of the kernel launch_interface_backward_warpgroup runs.
+KernelResidency interface_backward_warpgroup_residency(MatmulPrecision precision);
 
 }  // namespace tg::cuda

@@ -88,6 +88,12 @@ TG_HD T attention_score(T qk, T scale, T E_hij, T w_in, T w_x, T ei, T ej) {
   return scale * qk + E_hij + w_in * ei * ej + w_x * cross_term(ei, ej);
 }
 
+// CTAs of a kernel resident per SM on this device (the occupancy
+// calculator's count) against the count its layout plans for.
+struct KernelResidency {
+  int resident = 0, planned = 0;
+};
+
 template <Device Dev>
 struct FusedAttentionKernels {
   // o [B,S,C] (head h in columns h*D ..) and the log-sum-exp lse [B,H,S]
@@ -116,6 +122,9 @@ struct FusedAttentionKernels {
   // CUDA only: the scalars (Fp16Group::scalars) of the group {dqkv, xw's
   // matrices} from join_half_qkv's e and xw (to_fp16).
   static void half_qkv_scalars(const HalfKeyGradients& kv, const Fp16Group& xw, const Tensor& scalars);
+  // CUDA only: the backward kernel that backward would run here (backward_grid
+  // counts its waves with the planned CTAs per SM).
+  static KernelResidency backward_residency(MatmulPrecision precision, bool read);
 };
 
 // The benchmark interface's bias gradients, all column sums over the B*S

@@ -10,10 +10,22 @@
 
 namespace tg::cuda {
 
+namespace {
+// f(policy): Fp16Warpgroup at "high", Fp16x3Warpgroup at "highest".
+template <class F>
+decltype(auto) with_warpgroup_policy(MatmulPrecision precision, F&& f) {
+  if (precision == MatmulPrecision::High) return f(mma::Fp16Warpgroup{});
+  return f(mma::Fp16x3Warpgroup{});
+}
+}  // namespace
+
 void launch_interface_backward_warpgroup(const AttentionInputs& in, const AttentionGradTensors& g,
                                          MatmulPrecision precision) {
-  if (precision == MatmulPrecision::High) launch_backward<mma::Fp16Warpgroup, true>(in, g);
-  else launch_backward<mma::Fp16x3Warpgroup, true>(in, g);
+  with_warpgroup_policy(precision, [&](auto mma) { launch_backward<decltype(mma), true>(in, g); });
+}
+
+KernelResidency interface_backward_warpgroup_residency(MatmulPrecision precision) {
+  return with_warpgroup_policy(precision, [](auto mma) { return backward_residency<decltype(mma), true>(); });
 }
 
 }  // namespace tg::cuda

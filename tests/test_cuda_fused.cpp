@@ -12,6 +12,7 @@
 #include "attention_problem.h"
 #include "cuda_helpers.h"
 #include "capi/c_api_internal.h"
+#include "ops/fused_attention_kernels.h"
 #include "include/tapegrad/c_api.h"
 #ifdef TG_CUDA
 #include "core/cuda_context.h"
@@ -570,6 +571,32 @@ TEST_CASE("fused/qkv projection in the node at high: an expanded qkv bias gives 
 
 // The kernels' grids hold the (b, h) pairs in blockIdx.y (at most 65535): more
 // is a clear error before any output is written.
+// Each backward kernel keeps the CTAs per SM its layout plans for
+// (backward_grid counts waves with them): registers and shared memory, the
+// kernel's static block-reduction partials included, leave room for them on
+// a device of compute capability 9.0 (227 KB of shared memory per SM), for
+// every kernel the interface and the training path run there (the warpgroup
+// ones and, with enable_warpgroup_attention(false), the mma.sync ones).
+TEST_CASE("fused/backward kernels keep their planned CTAs per SM" * doctest::skip(kNoGpu)) {
+  const bool hopper = tg::cuda::context().major == 9 && tg::cuda::context().minor == 0;
+  for (const bool warpgroup : {true, false}) {
+    tg::cuda::enable_warpgroup_attention(warpgroup);
+    for (const auto precision : {tg::MatmulPrecision::High, tg::MatmulPrecision::Highest}) {
+      for (const bool read : {true, false}) {
+        CAPTURE(warpgroup);
+        CAPTURE(precision == tg::MatmulPrecision::High);
+        CAPTURE(read);
+        const tg::KernelResidency r = tg::FusedAttentionKernels<tg::Device::CUDA>::backward_residency(precision, read);
+        CAPTURE(r.resident);
+        CHECK(r.planned >= 2);
+        if (hopper) CHECK(r.resident == r.planned);
+        else CHECK(r.resident >= 1);
+      }
+    }
+  }
+  tg::cuda::enable_warpgroup_attention(true);
+}
+
 TEST_CASE("fused/more (b, h) pairs than the CUDA grid holds is an error, outputs untouched" * doctest::skip(kNoGpu)) {
   const int64_t B = 32768, S = 1, C = 128, H = 2, D = 64, M = 1;
   BackwardInputs in;  // zeros of the spec's shapes: the check comes before any value is read
