@@ -569,8 +569,6 @@ TEST_CASE("fused/qkv projection in the node at high: an expanded qkv bias gives 
   CHECK(max_abs_diff(o_view, o_copy) == 0.0);
 }
 
-// The kernels' grids hold the (b, h) pairs in blockIdx.y (at most 65535): more
-// is a clear error before any output is written.
 // Each backward kernel keeps the CTAs per SM its layout plans for
 // (backward_grid counts waves with them): registers and shared memory, the
 // kernel's static block-reduction partials included, leave room for them on
@@ -597,6 +595,8 @@ TEST_CASE("fused/backward kernels keep their planned CTAs per SM" * doctest::ski
   tg::cuda::enable_warpgroup_attention(true);
 }
 
+// The kernels' grids hold the (b, h) pairs in blockIdx.y (at most 65535): more
+// is a clear error before any output is written.
 TEST_CASE("fused/more (b, h) pairs than the CUDA grid holds is an error, outputs untouched" * doctest::skip(kNoGpu)) {
   const int64_t B = 32768, S = 1, C = 128, H = 2, D = 64, M = 1;
   BackwardInputs in;  // zeros of the spec's shapes: the check comes before any value is read
