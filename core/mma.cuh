@@ -233,6 +233,24 @@ __host__ __device__ constexpr int core_matrix_offset(int r, int k, int cols) {
   return (r / 8) * cols * 8 + (k / 8) * 64 + (r % 8) * 8 + k % 8;
 }
 
+// Where element (r, k) of a tile of rows of 64 halves lies, in halves, with
+// the 128-byte swizzle: each row's 128 bytes together, its 16-byte chunk c
+// at chunk c ^ (r % 8): wgmma's KMajor<k128B> layout, which read the other
+// way round is MnMajor128B's (core/wgmma.cuh). A cp.async's 32-byte sector,
+// two neighbouring chunks of a row, lands in two bank groups; as core
+// matrices they lie 128 bytes apart, in one.
+__host__ __device__ constexpr int swizzled_row_offset(int r, int k) {
+  return r * 64 + ((k / 8) ^ (r % 8)) * 8 + k % 8;
+}
+
+// A 64 x 64 fp16 tile staged at swizzled_row_offset (1024-byte aligned), as
+// the warpgroup products take it for B (core/wgmma.cuh); with two parts (hi
+// and lo) the lo block kSwizzledPart halves on.
+constexpr int kSwizzledPart = 64 * 64;
+struct SwizzledRows {
+  const __half* tile;
+};
+
 // "high" on Hopper's warpgroup MMA (its products in core/wgmma.cuh, sm_90a
 // alone): the Fp16 policy's operands (fp16, scaled by the kernel), staged
 // as core matrices (core_matrix_offset, above: no padding), and each

@@ -32,7 +32,11 @@
 //   (row % 8), so a warp's copies cover 8 rows at a time
 //   (ops/fused_attention_tiles.cuh's HeadChunks: all 8 groups for rows in
 //   order); the swizzle keeps each row's 128 bytes together (as a row copy
-//   or TMA writes them) without conflicts either.
+//   or TMA writes them) without conflicts either. A cp.async, though,
+//   writes shared memory one 32-byte global sector at a time, two
+//   neighbouring chunks of a row: the plain layout puts them in one bank
+//   group (ncu: 32 wavefronts for a warp's 512 bytes), the swizzle in two
+//   (the benchmark interface's Q and dO tiles; bench/NOTES.md version 35).
 //
 // Accumulators of a 64 x N product (f32), for thread l of warp w of the
 // warpgroup, g = l / 4, t = l % 4, j < N / 8: d[4j] (16w + g, 8j + 2t),
@@ -86,7 +90,7 @@ template <>
 struct KMajor<Swizzle::k128B> {
   static constexpr bool kTransposed = false;
   __host__ __device__ static constexpr int offset(int r, int k, int rows, int /*cols*/) {
-    return (k / 64) * rows * 64 + (r / 8) * 512 + (r % 8) * 64 + ((k % 64 / 8) ^ (r % 8)) * 8 + k % 8;
+    return (k / 64) * rows * 64 + mma::swizzled_row_offset(r, k % 64);
   }
   // Tile 1024-byte aligned; cols a multiple of 64.
   __device__ static uint64_t product(const __half* tile, int s, int rows, int /*cols*/) {
@@ -126,7 +130,7 @@ struct MnMajor : KMajor<Swizzle::kNone> {
 struct MnMajor128B {
   static constexpr bool kTransposed = true;
   __host__ __device__ static constexpr int offset(int n, int k, int /*rows*/, int cols) {
-    return (n / 64) * cols * 64 + k * 64 + ((n % 64 / 8) ^ (k % 8)) * 8 + n % 8;
+    return (n / 64) * cols * 64 + mma::swizzled_row_offset(k, n % 64);
   }
   // Product s: K rows 16 s .. 16 s + 15.
   __device__ static uint64_t product(const __half* tile, int s, int /*rows*/, int cols) {
@@ -266,6 +270,28 @@ __device__ __forceinline__ uint64_t rows_as_k(const __half* tile, int part, int 
   return RowsAsK::product(tile + part * Mma::kLowOffset, s, kTile * Mma::kParts, kTile);
 }
 
+// B's descriptors for k-step s of part `part`: of a staged tile (rows n0 ..
+// as the K-major operand; as the MN-major one, K down its rows), or of a
+// SwizzledRows tile, whose rows serve both ways (each part a 64 x 64 block
+// of its own: KMajor<k128B>'s and MnMajor128B's next 64 columns).
+template <class Mma>
+__device__ __forceinline__ uint64_t b_k_major(const __half* tile, int n0, int part, int s) {
+  return k_major<Mma>(tile + core_matrix_offset(n0, 0, kTile * Mma::kParts), part, s);
+}
+template <class Mma>
+__device__ __forceinline__ uint64_t b_k_major(SwizzledRows tile, int n0, int part, int s) {
+  return wgmma::KMajor<wgmma::Swizzle::k128B>::product(tile.tile + part * kSwizzledPart + n0 * kTile, s, kTile,
+                                                       kTile);
+}
+template <class Mma>
+__device__ __forceinline__ uint64_t b_rows_as_k(const __half* tile, int part, int s) {
+  return rows_as_k<Mma>(tile, part, s);
+}
+template <class Mma>
+__device__ __forceinline__ uint64_t b_rows_as_k(SwizzledRows tile, int part, int s) {
+  return wgmma::MnMajor128B::product(tile.tile + part * kSwizzledPart, s, kTile, kTile);
+}
+
 // Every part of the A fragment of k-step s (16 columns) of the warp's 16 x
 // 64 float values (pair(r, k): the lane's pair at column k of row g (r = 0)
 // or g + 8 (r = 1)), rounded to fp16 and split with Fp16x3Warpgroup:
@@ -312,42 +338,42 @@ __device__ __forceinline__ void run_products(float (&acc)[32], bool wait, const 
 
 // acc += A B, A the warp's 16 x 64 float values (pair: a_fragment's) rounded
 // to fp16 (split with two parts) and B a staged k-major tile ([k][n], read
-// MN-major); run_products' `wait`.
-template <class Mma, class PairAt>
-__device__ __forceinline__ void register_a_product(float (&acc)[32], bool wait, const __half* b_tile,
-                                                   const PairAt& pair) {
+// MN-major; b_rows_as_k); run_products' `wait`.
+template <class Mma, class BTile, class PairAt>
+__device__ __forceinline__ void register_a_product(float (&acc)[32], bool wait, BTile b_tile, const PairAt& pair) {
   uint32_t a[kSteps][Mma::kParts][4];  // every step's fragments, written before run_products' fence
 #pragma unroll
   for (int s = 0; s < kSteps; ++s) a_fragment<Mma>(a[s], s, pair);
   run_products<Mma>(acc, wait, [&](float(&d)[32], int s, int pa, int pb, bool accumulate) {
-    wgmma::mma_64x64x16<true>(d, a[s][pa], rows_as_k<Mma>(b_tile, pb, s), accumulate);
+    wgmma::mma_64x64x16<true>(d, a[s][pa], b_rows_as_k<Mma>(b_tile, pb, s), accumulate);
   });
 }
 }  // namespace warpgroup
 
 // acc += A B^T, A a staged 64 x 64 tile (its rows the warpgroup's, K-major)
-// and B the staged n-major tile from row n0 ([n][k]); issued and waited for.
-template <class Mma, int K, int N, class RowOf>
+// and B the staged n-major tile from row n0 ([n][k]: a plain staged tile or
+// SwizzledRows); issued and waited for.
+template <class Mma, int K, int N, class RowOf, class BTile>
   requires(Mma::kWarpgroup)
 __device__ __forceinline__ void tile_product(float (&acc)[N][4], const __half* a_tile, int /*a_stride*/,
-                                             const RowOf& /*a_row: 16 warp + r*/, const __half* b_tile,
-                                             int /*b_stride*/, int n0, int /*lane*/) {
+                                             const RowOf& /*a_row: 16 warp + r*/, BTile b_tile, int /*b_stride*/,
+                                             int n0, int /*lane*/) {
   using namespace warpgroup;
   static_assert(K == 8 && N == 8, "warpgroup products are 64 x 64 x 64");
-  const __half* b = b_tile + core_matrix_offset(n0, 0, kTile * Mma::kParts);
   run_products<Mma>(flat(acc), true, [&](float(&d)[32], int s, int pa, int pb, bool accumulate) {
-    wgmma::mma_64x64x16(d, k_major<Mma>(a_tile, pa, s), k_major<Mma>(b, pb, s), accumulate);
+    wgmma::mma_64x64x16(d, k_major<Mma>(a_tile, pa, s), b_k_major<Mma>(b_tile, n0, pb, s), accumulate);
   });
 }
 
 // acc += A B, A an earlier product's accumulators (rounded to fp16 as they
-// are) and B a staged k-major tile ([k][n], read MN-major); issued, and with
+// are) and B a staged k-major tile ([k][n], read MN-major; a plain staged
+// tile or SwizzledRows); issued, and with
 // one part not waited for: products_done before acc is read or b_tile
 // written.
-template <class Mma, int K, int N>
+template <class Mma, int K, int N, class BTile>
   requires(Mma::kWarpgroup)
-__device__ __forceinline__ void accumulator_product(float (&acc)[N][4], const float (&a_acc)[K][4],
-                                                    const __half* b_tile, int /*b_stride*/, int /*lane*/) {
+__device__ __forceinline__ void accumulator_product(float (&acc)[N][4], const float (&a_acc)[K][4], BTile b_tile,
+                                                    int /*b_stride*/, int /*lane*/) {
   using namespace warpgroup;
   static_assert(K == 8 && N == 8, "warpgroup products are 64 x 64 x 64");
   register_a_product<Mma>(flat(acc), false, b_tile, [&](int r, int k) {

@@ -61,7 +61,9 @@ struct BackwardLayout : TileLayout<Mma> {
                           kSecond = kDS + T::kFloatTile,
                           kSums = kSecond + (kSecondTile ? T::kFloatTile : 0),  // q_sums: doubles first
       kRows = kSums + kRowSumBytes, kKeys = kRows + 3 * kBwdRows * sizeof(float),
-                          kBytes = kKeys + 2 * kBwdKeys * sizeof(float);
+                          kUsed = kKeys + 2 * kBwdKeys * sizeof(float),
+                          kBytes = kUsed + (T::kAlign - 16);  // room to reach a kAlign boundary from a 16-byte one
+  static_assert(kQ % T::kAlign == 0 && kDO % T::kAlign == 0, "the query tiles start on kAlign boundaries");
 };
 
 // HalfKeyGradients as the kernel writes them (dk.ptr null: float dK and dV).
@@ -199,7 +201,10 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
   static_assert(kHalf || !kRead, "reading P and Pd: fp16 tiles (Fp16 or Fp16x3)");
   constexpr int kTs = Layout::kTileStride;
   extern __shared__ __align__(16) unsigned char smem_bytes[];
-  const auto at = [&](size_t offset) { return smem_bytes + offset; };
+  unsigned char* smem = smem_bytes;  // the layout's offsets count from a Layout::kAlign boundary
+  if constexpr (Layout::kAlign > 16)
+    smem += (Layout::kAlign - __cvta_generic_to_shared(smem_bytes) % Layout::kAlign) % Layout::kAlign;
+  const auto at = [&](size_t offset) { return smem + offset; };
   Staged* Ks = reinterpret_cast<Staged*>(at(Layout::kK));     // [key][d]
   Staged* Vs = reinterpret_cast<Staged*>(at(Layout::kV));     // [key][d], keys in fragment order
   Staged* Qs = reinterpret_cast<Staged*>(at(Layout::kQ));     // [query][d]
@@ -230,11 +235,11 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
   const auto q_rows = operand_rows<kHalf>(p.q, p.half.q);
   const auto dout = operand_rows<kHalf>({p.dout, sc.S * C, kD, C}, {p.half.dout, sc.S * C, kD, C});
   const HeadRows<const __half> dout_low{p.half.dout_low, sc.S * C, kD, C};
-  // Rows row0 .. row0 + 63 of an operand into its tile (row r at order(r)), with Fp16x3 the low parts beside them.
-  const auto copy_operand = [&](const auto& rows, const auto& lows, int64_t row0, Staged* dst, auto order) {
-    copy_head_rows<kBwdThreads>(rows, b, h, row0, kBwdRows, sc.S, dst, Layout::place(order));
-    if constexpr (Layout::kSplit)
-      copy_head_rows<kBwdThreads>(lows, b, h, row0, kBwdRows, sc.S, dst + Mma::kLowOffset, Layout::place(order));
+  // Rows row0 .. row0 + 63 of an operand into its tile (placed by `at`), with Fp16x3 the low parts low_offset on.
+  const auto copy_operand = [&](const auto& rows, const auto& lows, int64_t row0, Staged* dst, auto at,
+                                int low_offset) {
+    copy_head_rows<kBwdThreads>(rows, b, h, row0, kBwdRows, sc.S, dst, at);
+    if constexpr (Layout::kSplit) copy_head_rows<kBwdThreads>(lows, b, h, row0, kBwdRows, sc.S, dst + low_offset, at);
   };
   // The tile's [query][key] corner of a [.., S or M, S or M] matrix.
   const auto copy_scores = [&](const float* m, int64_t ld, int64_t q0, float* dst) {
@@ -242,8 +247,8 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
   };
   const auto probs = [&](const float* m) { return m + bh * sc.S * sc.S; };
   const auto copy_queries = [&](int64_t qt) {
-    copy_operand(q_rows, p.half.q_low, qt * kBwdRows, Qs, SameRow{});
-    copy_operand(dout, dout_low, qt * kBwdRows, dOs, SameRow{});
+    copy_operand(q_rows, p.half.q_low, qt * kBwdRows, Qs, Layout::place_queries(), Layout::query_low_offset());
+    copy_operand(dout, dout_low, qt * kBwdRows, dOs, Layout::place_queries(), Layout::query_low_offset());
     if (threadIdx.x < kBwdRows) {  // the per-query values, zeros past S (where recompute's P is 0)
       const int i = static_cast<int>(qt) * kBwdRows + threadIdx.x;
       const bool ok = i < sc.S;
@@ -278,8 +283,9 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
     keys.bound_v = bound_scale_of(amax.z);
   } else {
     static_assert(!Layout::kSplit, "split tiles read P (the benchmark interface)");
-    copy_operand(operand_rows<kHalf>(p.k, p.half.k), HeadRows<const __half>{}, k0, Ks, SameRow{});
-    copy_operand(operand_rows<kHalf>(p.v, p.half.v), HeadRows<const __half>{}, k0, Vs, FragmentOrder{});
+    copy_operand(operand_rows<kHalf>(p.k, p.half.k), HeadRows<const __half>{}, k0, Ks, Layout::place(SameRow{}), 0);
+    copy_operand(operand_rows<kHalf>(p.v, p.half.v), HeadRows<const __half>{}, k0, Vs, Layout::place(FragmentOrder{}),
+                 0);
     copy_queries(split);
     copy_key_flags(sc, b, k0, kBwdKeys, key_e, key_a);
     async::commit();
@@ -331,12 +337,12 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
 
     // dPd^T = V dO^T
     float ds[8][4] = {};
-    mma::tile_product<Mma, 8, 8>(ds, Vs, kTs, warp_rows, dOs, kTs, 0, lane);
+    mma::tile_product<Mma, 8, 8>(ds, Vs, kTs, warp_rows, Layout::query_tile(dOs), kTs, 0, lane);
 
     // P^T and Pd^T, read or recomputed from S^T = K Q^T; then in place:
     // pd <- Pd^T and ds <- dS^T = P^T (dP^T - Delta) = Pd^T dPd^T - P^T Delta.
     float pd[8][4] = {};
-    if constexpr (recompute) mma::tile_product<Mma, 8, 8>(pd, Ks, kTs, key_rows, Qs, kTs, 0, lane);
+    if constexpr (recompute) mma::tile_product<Mma, 8, 8>(pd, Ks, kTs, key_rows, Layout::query_tile(Qs), kTs, 0, lane);
     async::wait<0>();
     __syncthreads();  // P or E is in
     TilePartial tile_e[2] = {}, tile_all[2] = {};
@@ -410,8 +416,8 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
 
     // dV += Pd^T dO, dK += dS^T Q (with Fp16Warpgroup issued asynchronously: done before Q and dO are replaced,
     // while the row sums of Pd run; Fp16x3Warpgroup waits for each product to fold it)
-    mma::accumulator_product<Mma, 8, 8>(dV, pd, dOs, kTs, lane);
-    mma::accumulator_product<Mma, 8, 8>(dK, ds, Qs, kTs, lane);
+    mma::accumulator_product<Mma, 8, 8>(dV, pd, Layout::query_tile(dOs), kTs, lane);
+    mma::accumulator_product<Mma, 8, 8>(dK, ds, Layout::query_tile(Qs), kTs, lane);
 
     if constexpr (kRead)  // rowsum(Pd) for the v bias, over this CTA's keys
       add_warp_row_sums(Pds, kStride, warp, lane, [&](int il) {

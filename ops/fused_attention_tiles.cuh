@@ -87,9 +87,12 @@ ScoreArgs score_args(const AttentionInputs& in) {
 // placement that puts all of a row's chunks in one bank group
 // (CoreMatrixRows) wants 8 rows of 4 chunks: rows placed in order (SameRow)
 // then fall in all 8 bank groups (row % 8), the fewest shared-memory
-// wavefronts; V's FragmentOrder pairs them (rows 0, 8, 1, 9, ...: 4 groups,
-// twice the wavefronts, half as many as whole rows take; V is copied once
-// per CTA).
+// wavefronts for stores from registers; V's FragmentOrder pairs them (rows
+// 0, 8, 1, 9, ...: 4 groups, twice the wavefronts, half as many as whole
+// rows take; V is copied once per CTA). A cp.async writes a 32-byte sector,
+// two chunks of one row, at a time, which such a placement puts in one bank
+// group whatever the map: with the one-part warpgroup products the tiles
+// copied every query tile use SwizzledRowsAt (TileLayout::place_queries).
 template <int kThreads, class T, int kWarpRows>
 struct HeadChunks {
   static constexpr int kPerChunk = 16 / sizeof(T), kPerRow = kD / kPerChunk, kWarps = kThreads / 32;
@@ -155,6 +158,14 @@ struct CoreMatrixRows {
   int cols;                            // halves in a staged row (kD, or 2 kD for hi and lo)
   RowMap row_of;
   __device__ int operator()(int r, int col) const { return mma::core_matrix_offset(row_of(r), col, cols); }
+};
+
+// Rows of 64 halves with the 128-byte swizzle (core/mma.cuh's
+// swizzled_row_offset): a row's 128 bytes together, so a warp copies whole
+// rows, 512 contiguous bytes.
+struct SwizzledRowsAt {
+  static constexpr int kWarpRows = 0;
+  __device__ int operator()(int r, int col) const { return mma::swizzled_row_offset(r, col); }
 };
 
 // Queues the copy of rows row0 .. row0 + n - 1 of one head (zeros past S)
@@ -462,6 +473,28 @@ struct TileLayout {
   __device__ static auto place(RowMap row_of = {}) {
     if constexpr (Mma::kWarpgroup) return CoreMatrixRows<RowMap>{kTileStride, row_of};
     else return RowsAt<RowMap>{kTileStride, row_of};
+  }
+  // The query tiles (Q and dO, copied anew every tile by cp.async): with the
+  // warpgroup products as rows with the 128-byte swizzle, whose sectors land
+  // in two bank groups (as core matrices a warp's copy took 32 shared-memory
+  // wavefronts where 4 carry its bytes: ncu, bench/NOTES.md version 35), the
+  // lo parts (Fp16x3Warpgroup) in a block of their own (query_low_offset).
+  // Such a tile starts on a 1024-byte boundary (kAlign), and the products
+  // take it as SwizzledRows.
+  static constexpr bool kSwizzledQueries = Mma::kWarpgroup;
+  static constexpr size_t kAlign = kSwizzledQueries ? 1024 : 16;
+  static constexpr int query_low_offset() {
+    if constexpr (kSwizzledQueries) return mma::kSwizzledPart;
+    else if constexpr (kSplit) return Mma::kLowOffset;
+    else return 0;  // no low parts
+  }
+  __device__ static auto place_queries() {
+    if constexpr (kSwizzledQueries) return SwizzledRowsAt{};
+    else return place(SameRow{});
+  }
+  __device__ static auto query_tile(const Staged* tile) {
+    if constexpr (kSwizzledQueries) return mma::SwizzledRows{tile};
+    else return tile;
   }
 };
 

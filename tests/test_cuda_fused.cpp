@@ -33,7 +33,7 @@ const char* const kOutputNames[] = {"grad_hidden_states", "grad_qkv_weight", "gr
 void check_benchmark_rule(const Gradients& got, const Gradients& ref, double atol) {
   const auto g = outputs_of(got), r = outputs_of(ref);
   for (size_t i = 0; i < g.size(); ++i) {
-    CAPTURE(kOutputNames[i]);
+    CAPTURE(std::string(kOutputNames[i]));
     const std::vector<double> gv = g[i].to_vector(), rv = r[i].to_vector();
     REQUIRE(gv.size() == rv.size());
     size_t pass = 0;
