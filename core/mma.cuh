@@ -253,7 +253,8 @@ struct SwizzledRows {
 
 // "high" on Hopper's warpgroup MMA (its products in core/wgmma.cuh, sm_90a
 // alone): the Fp16 policy's operands (fp16, scaled by the kernel), staged
-// as core matrices (core_matrix_offset, above: no padding), and each
+// as core matrices (core_matrix_offset, above: no padding) or as
+// SwizzledRows (the attention backward's Q and dO tiles), and each
 // product of the per-warp interface here computed for the whole warpgroup
 // at once: 64 x 64 x 64, four wgmma instructions, every warp receiving its
 // 16 rows of the result in mma.sync's C fragment. A kernel written for the
@@ -271,7 +272,7 @@ struct Fp16Warpgroup {
 // "highest" on Hopper's warpgroup MMA: Fp16x3's split operands (hi + 2^-11
 // lo) with Fp16Warpgroup's products. A staged tile row holds 128 halves, its
 // 64 hi values then its 64 lo values, as core matrices (kLowOffset: lo's
-// core matrices 8 on from hi's). Each product's hi lo + lo hi terms and its
+// core matrices 8 on from hi's; as SwizzledRows, lo a block of its own). Each product's hi lo + lo hi terms and its
 // hi hi term go into two fresh accumulators, 64 long along k, waited for and
 // added to the running one by one FFMA and one FADD per element: one
 // rounding of the running sum per 64 x 64 x 64 product, where Fp16x3 rounds

@@ -273,7 +273,8 @@ __device__ __forceinline__ uint64_t rows_as_k(const __half* tile, int part, int 
 // B's descriptors for k-step s of part `part`: of a staged tile (rows n0 ..
 // as the K-major operand; as the MN-major one, K down its rows), or of a
 // SwizzledRows tile, whose rows serve both ways (each part a 64 x 64 block
-// of its own: KMajor<k128B>'s and MnMajor128B's next 64 columns).
+// of its own: KMajor<k128B>'s and MnMajor128B's next 64 columns; there n0
+// is 0, the tile's 64 rows being the product's N). kTile: halves in a row.
 template <class Mma>
 __device__ __forceinline__ uint64_t b_k_major(const __half* tile, int n0, int part, int s) {
   return k_major<Mma>(tile + core_matrix_offset(n0, 0, kTile * Mma::kParts), part, s);

@@ -235,11 +235,12 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
   const auto q_rows = operand_rows<kHalf>(p.q, p.half.q);
   const auto dout = operand_rows<kHalf>({p.dout, sc.S * C, kD, C}, {p.half.dout, sc.S * C, kD, C});
   const HeadRows<const __half> dout_low{p.half.dout_low, sc.S * C, kD, C};
-  // Rows row0 .. row0 + 63 of an operand into its tile (placed by `at`), with Fp16x3 the low parts low_offset on.
-  const auto copy_operand = [&](const auto& rows, const auto& lows, int64_t row0, Staged* dst, auto at,
+  // Rows row0 .. row0 + 63 of an operand into its tile (placed by `place`), with Fp16x3 the low parts low_offset on.
+  const auto copy_operand = [&](const auto& rows, const auto& lows, int64_t row0, Staged* dst, auto place,
                                 int low_offset) {
-    copy_head_rows<kBwdThreads>(rows, b, h, row0, kBwdRows, sc.S, dst, at);
-    if constexpr (Layout::kSplit) copy_head_rows<kBwdThreads>(lows, b, h, row0, kBwdRows, sc.S, dst + low_offset, at);
+    copy_head_rows<kBwdThreads>(rows, b, h, row0, kBwdRows, sc.S, dst, place);
+    if constexpr (Layout::kSplit)
+      copy_head_rows<kBwdThreads>(lows, b, h, row0, kBwdRows, sc.S, dst + low_offset, place);
   };
   // The tile's [query][key] corner of a [.., S or M, S or M] matrix.
   const auto copy_scores = [&](const float* m, int64_t ld, int64_t q0, float* dst) {

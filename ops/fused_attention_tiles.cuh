@@ -91,8 +91,8 @@ ScoreArgs score_args(const AttentionInputs& in) {
 // 0, 8, 1, 9, ...: 4 groups, twice the wavefronts, half as many as whole
 // rows take; V is copied once per CTA). A cp.async writes a 32-byte sector,
 // two chunks of one row, at a time, which such a placement puts in one bank
-// group whatever the map: with the one-part warpgroup products the tiles
-// copied every query tile use SwizzledRowsAt (TileLayout::place_queries).
+// group whatever the map: with the warpgroup products the tiles copied
+// every query tile use SwizzledRowsAt (TileLayout::place_queries).
 template <int kThreads, class T, int kWarpRows>
 struct HeadChunks {
   static constexpr int kPerChunk = 16 / sizeof(T), kPerRow = kD / kPerChunk, kWarps = kThreads / 32;
@@ -463,7 +463,7 @@ struct TileLayout {
   using Staged = typename Mma::Staged;
   static constexpr bool kHalf = sizeof(Staged) == 2, kSplit = kHalf && Mma::kHighest;
   // The warpgroup policies' tiles are core matrices, 64 halves a row per part without padding (kTileStride: the
-  // row length).
+  // row length), but for the query tiles (place_queries).
   static constexpr int kTileStride =
       Mma::kWarpgroup ? kD * (kSplit ? 2 : 1) : kSplit ? kSplitStride : kHalf ? kHalfStride : kStride;
   static constexpr size_t kTile = size_t(64) * kTileStride * sizeof(Staged), kFloatTile = 64 * kStride * sizeof(float);
@@ -482,6 +482,7 @@ struct TileLayout {
   // Such a tile starts on a 1024-byte boundary (kAlign), and the products
   // take it as SwizzledRows.
   static constexpr bool kSwizzledQueries = Mma::kWarpgroup;
+  static_assert(kD == 64, "swizzled rows are 64 halves (128 bytes)");
   static constexpr size_t kAlign = kSwizzledQueries ? 1024 : 16;
   static constexpr int query_low_offset() {
     if constexpr (kSwizzledQueries) return mma::kSwizzledPart;
