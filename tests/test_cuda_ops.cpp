@@ -229,32 +229,34 @@ void split_product_warpgroup(int form, const float* a, const float* b, int k, fl
 void fragment_row_sums(const double* v, double* out);
 }  // namespace tgtest
 
-// The split fp16 products ("highest" in the benchmark interface's kernels)
-// on their own: mma::Fp16x3 (mma.sync) and, on compute capability 9.0,
+// The split fp16 products ("highest" in the benchmark interface's kernels) on
+// their own: mma::Fp16x3 (mma.sync) and, on compute capability 9.0,
 // mma::Fp16x3Warpgroup (wgmma). A 64 x 4096 by 4096 x 64 product added into
-// running accumulators in 64 chunks of k = 64, as the kernels add every
-// query tile into dK and dV, for each form of operand A (staged, from
-// accumulators, from a float tile), on positive data (every partial sum
-// grows: the case where truncating the tensor cores' accumulation biases
-// the result most) and signed data; output poisoned with NaN. Each product
-// must be within 2x of a sequential fp32 FMA loop's error against float64:
-// both policies keep the running sum out of the tensor cores (a fresh
-// accumulator per 16-wide step, or per 64-wide product, added by rounded
-// FP32 instructions). Adding hi hi straight into the running sum instead put
-// it 12x over fp32's on the H200 (bench/NOTES.md version 23); a lost or
-// doubled 2^-11, a swapped part or a misplaced low part, at fp16's
-// precision or worse.
+// running accumulators in 64 chunks of k = 64, as the kernels add every query
+// tile into dK and dV, for each form of operand A (staged, from accumulators,
+// from a float tile; with the warpgroup products the first two also with B as
+// mma::SwizzledRows, the interface's Q and dO tiles), on positive data (every
+// partial sum grows: the case where truncating the tensor cores' accumulation
+// biases the result most) and signed data; output poisoned with NaN. Each
+// product must be within 2x of a sequential fp32 FMA loop's error against
+// float64: both policies keep the running sum out of the tensor cores (a fresh
+// accumulator per 16-wide step, or per 64-wide product, added by rounded FP32
+// instructions). Adding hi hi straight into the running sum instead put it 12x
+// over fp32's on the H200 (bench/NOTES.md version 23); a lost or doubled 2^-11,
+// a swapped part or a misplaced low part, at fp16's precision or worse.
 TEST_CASE("cuda/mma_split: split fp16 products near fp32 over a long k, every operand form" * doctest::skip(kNoGpu)) {
   constexpr int k = 4096, n = 64;
   std::mt19937 gen(50);
-  const char* const forms[] = {"both staged", "A from accumulators", "A from a float tile"};
+  const char* const forms[] = {"both staged", "A from accumulators", "A from a float tile",
+                               "both staged, B swizzled", "A from accumulators, B swizzled"};
   struct Policy {
     const char* name;
     void (*product)(int, const float*, const float*, int, float*);
     bool runs;
+    int forms;  // the warpgroup products also take B as mma::SwizzledRows (forms 3 and 4)
   };
-  const Policy policies[] = {{"Fp16x3", tgtest::split_product, true},
-                             {"Fp16x3Warpgroup", tgtest::split_product_warpgroup, tgtest::wgmma_supported()}};
+  const Policy policies[] = {{"Fp16x3", tgtest::split_product, true, 3},
+                             {"Fp16x3Warpgroup", tgtest::split_product_warpgroup, tgtest::wgmma_supported(), 5}};
   for (const bool positive : {true, false}) {
     std::uniform_real_distribution<double> dist(positive ? 0.0 : -1.0, 1.0);
     std::vector<double> av(size_t(n) * k), bv(size_t(k) * n);
@@ -278,7 +280,7 @@ TEST_CASE("cuda/mma_split: split fp16 products near fp32 over a long k, every op
     const tg::Tensor a = tg::from_vector(av, {n, k}, f32).cuda(), b = tg::from_vector(bv, {k, n}, f32).cuda();
     for (const Policy& policy : policies) {
       if (!policy.runs) continue;
-      for (int form = 0; form < 3; ++form) {
+      for (int form = 0; form < policy.forms; ++form) {
         CAPTURE(positive);
         CAPTURE(std::string(policy.name));
         CAPTURE(std::string(forms[form]));
