@@ -271,14 +271,14 @@ struct Fp16Warpgroup {
 
 // "highest" on Hopper's warpgroup MMA: Fp16x3's split operands (hi + 2^-11
 // lo) with Fp16Warpgroup's products. A staged tile row holds 128 halves, its
-// 64 hi values then its 64 lo values, as core matrices (kLowOffset: lo's
-// core matrices 8 on from hi's; as SwizzledRows, lo a block of its own). Each product's hi lo + lo hi terms and its
-// hi hi term go into two fresh accumulators, 64 long along k, waited for and
-// added to the running one by one FFMA and one FADD per element: one
-// rounding of the running sum per 64 x 64 x 64 product, where Fp16x3 rounds
-// it once per 16-long step (four times the fix-ups). The tensor cores'
-// accumulation may not carry the running sum itself (it drifts:
-// docs/derivations.md, "highest" on fp16 tensor cores).
+// 64 hi values then its 64 lo values, as core matrices (kLowOffset: lo's core
+// matrices 8 on from hi's; as SwizzledRows, lo a block of its own). Each
+// product's hi lo + lo hi terms and its hi hi term go into two fresh
+// accumulators, 64 long along k, waited for and added to the running one by
+// one FFMA and one FADD per element: one rounding of the running sum per
+// 64 x 64 x 64 product, where Fp16x3 rounds it once per 16-long step (four
+// times the fix-ups). The tensor cores' accumulation may not carry the running sum
+// itself (it drifts: docs/derivations.md, "highest" on fp16 tensor cores).
 struct Fp16x3Warpgroup {
   using Staged = __half;
   static constexpr bool kHighest = true, kWarpgroup = true;
