@@ -277,8 +277,9 @@ struct Fp16Warpgroup {
 // accumulators, 64 long along k, waited for and added to the running one by
 // one FFMA and one FADD per element: one rounding of the running sum per
 // 64 x 64 x 64 product, where Fp16x3 rounds it once per 16-long step (four
-// times the fix-ups). The tensor cores' accumulation may not carry the running sum
-// itself (it drifts: docs/derivations.md, "highest" on fp16 tensor cores).
+// times the fix-ups). The tensor cores' accumulation may not carry the
+// running sum itself (it drifts: docs/derivations.md, "highest" on fp16
+// tensor cores).
 struct Fp16x3Warpgroup {
   using Staged = __half;
   static constexpr bool kHighest = true, kWarpgroup = true;
