@@ -41,19 +41,21 @@ __device__ int split_at(int r, int k) {
   else return r * kSplitStride + k;
 }
 
-template <class Policy>
-__device__ void store_split(__half* tile, int r, int k, float x) {
+// x split at tile[at] (hi) and tile[at + low_offset] (lo).
+__device__ inline void store_parts(__half* tile, int at, int low_offset, float x) {
   const __half hi = __float2half_rn(x);
-  tile[split_at<Policy>(r, k)] = hi;
-  tile[split_at<Policy>(r, k) + Policy::kLowOffset] = __float2half_rn(tg::cuda::low_part(x, __half2float(hi)));
+  tile[at] = hi;
+  tile[at + low_offset] = __float2half_rn(tg::cuda::low_part(x, __half2float(hi)));
 }
 
-// The same split element at row r, column col of a SwizzledRows tile.
+template <class Policy>
+__device__ void store_split(__half* tile, int r, int k, float x) {
+  store_parts(tile, split_at<Policy>(r, k), Policy::kLowOffset, x);
+}
+
+// The same at row r, column col of a SwizzledRows tile.
 __device__ inline void store_swizzled(__half* tile, int r, int col, float x) {
-  const __half hi = __float2half_rn(x);
-  tile[mma::swizzled_row_offset(r, col)] = hi;
-  tile[mma::swizzled_row_offset(r, col) + mma::kSwizzledPart] =
-      __float2half_rn(tg::cuda::low_part(x, __half2float(hi)));
+  store_parts(tile, mma::swizzled_row_offset(r, col), mma::kSwizzledPart, x);
 }
 
 // c (64 x 64, row-major) = a (64 x k, row-major) b (k x 64, row-major), k a
