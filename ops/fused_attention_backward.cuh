@@ -183,6 +183,65 @@ __device__ void store_key_halves(const KeyHalves& kv, const float (&dK)[8][4], c
   mma::add_column_sums(dV, fv, kv.dbv + h * kD, lane);
 }
 
+// dE[h, i, j] += dS of the tile ([query][key] at stride kStride): the batch
+// sum, four keys per atomic (stored when B = 1: then this CTA is the only one
+// at (h, i, j)). A thread keeps one quad of keys and walks every kRowStep-th
+// query row.
+__device__ __forceinline__ void add_tile_to_edit_bias(float* dE, const float* dSs, const ScoreArgs& sc, int64_t h,
+                                                      int64_t q0, int64_t k0) {
+  const bool add = sc.B > 1;
+  constexpr int kQuads = kBwdKeys / 4, kRowStep = kBwdThreads / kQuads;
+  const int c = 4 * (threadIdx.x % kQuads), r0 = threadIdx.x / kQuads;
+  const int inside = static_cast<int>(std::min<int64_t>(sc.S - k0 - c, 4));  // of the quad's 4 keys
+  const int rows = static_cast<int>(std::min<int64_t>(sc.S - q0, kBwdRows));
+  float* to = dE + (h * sc.M + q0 + r0) * sc.M + k0 + c;
+  const float* from = dSs + r0 * kStride + c;
+  if (inside == 4 && sc.M % 4 == 0 && reinterpret_cast<uintptr_t>(dE) % 16 == 0) {
+#pragma unroll
+    for (int k = 0; k < kBwdRows / kRowStep; ++k)
+      if (r0 + k * kRowStep < rows) {
+        const float4 v = *reinterpret_cast<const float4*>(from + k * kRowStep * kStride);
+        float* at = to + k * kRowStep * sc.M;
+        if (add) mma::red_add4(at, v.x, v.y, v.z, v.w);
+        else *reinterpret_cast<float4*>(at) = v;
+      }
+  } else {  // the quad that straddles S (or an unaligned dE)
+    for (int r = 0; r0 + r < rows; r += kRowStep)
+      for (int x = 0; x < inside; ++x) {
+        float* at = to + r * sc.M + x;
+        const float v = from[r * kStride + x];
+        if (add) atomicAdd(at, v);
+        else *at = v;
+      }
+  }
+}
+
+// kRowSums: each of the tile's queries' four row sums (q_sums: [warp][4][query],
+// one share per warp) added to row_sums ([4, B, H, S]).
+__device__ __forceinline__ void add_query_row_sums(double* row_sums, const double* q_sums, const ScoreArgs& sc,
+                                                   int64_t bh, int64_t q0) {
+  if (threadIdx.x >= kBwdRows || q0 + threadIdx.x >= sc.S) return;
+  const int64_t row = bh * sc.S + q0 + threadIdx.x, rows = sc.B * sc.H * sc.S;
+  for (int f = 0; f < 4; ++f) {
+    double sum = 0;
+    for (int w = 0; w < kBwdThreads / 32; ++w) sum += q_sums[(4 * w + f) * kBwdRows + threadIdx.x];
+    atomicAdd(row_sums + f * rows + row, sum);
+  }
+}
+
+// The CTA's shares of dw_in's and dw_x's sums, summed over its threads, added
+// to dw_sums ([2, H]): in fp64 across CTAs too, as the shares are much larger
+// than the total.
+__device__ __forceinline__ void add_edit_bias_scalar_sums(double* dw_sums, double in_part, double x_part, int64_t h,
+                                                          int64_t H) {
+  const double2 sums = block_reduce(
+      double2{in_part, x_part}, [](double2 a, double2 b) { return double2{a.x + b.x, a.y + b.y}; }, double2{0, 0});
+  if (threadIdx.x == 0) {
+    atomicAdd(dw_sums + h, sums.x);
+    atomicAdd(dw_sums + H + h, sums.y);
+  }
+}
+
 // kRead: P and Pd are read (the benchmark interface, with the row and column
 // sums for the bias gradient); else recomputed from the log-sum-exp (training).
 // kRowSums ("highest" with kRead): dw_in and dw_x are sums of dS that cancel
@@ -445,44 +504,8 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
       }, lane, true);
     }
 
-    // dE[h, i, j] += dS: the batch sum, four keys per atomic (stored when
-    // B = 1: then this CTA is the only one at (h, i, j)). A thread keeps one
-    // quad of keys and walks every kRowStep-th query row.
-    if (p.dE) {
-      const bool add = sc.B > 1;
-      constexpr int kQuads = kBwdKeys / 4, kRowStep = kBwdThreads / kQuads;
-      const int c = 4 * (threadIdx.x % kQuads), r0 = threadIdx.x / kQuads;
-      const int inside = static_cast<int>(std::min<int64_t>(sc.S - k0 - c, 4));  // of the quad's 4 keys
-      const int rows = static_cast<int>(std::min<int64_t>(sc.S - q0, kBwdRows));
-      float* to = p.dE + (h * sc.M + q0 + r0) * sc.M + k0 + c;
-      const float* from = dSs + r0 * kStride + c;
-      if (inside == 4 && sc.M % 4 == 0 && reinterpret_cast<uintptr_t>(p.dE) % 16 == 0) {
-#pragma unroll
-        for (int k = 0; k < kBwdRows / kRowStep; ++k)
-          if (r0 + k * kRowStep < rows) {
-            const float4 v = *reinterpret_cast<const float4*>(from + k * kRowStep * kStride);
-            float* at = to + k * kRowStep * sc.M;
-            if (add) mma::red_add4(at, v.x, v.y, v.z, v.w);
-            else *reinterpret_cast<float4*>(at) = v;
-          }
-      } else {  // the quad that straddles S (or an unaligned dE)
-        for (int r = 0; r0 + r < rows; r += kRowStep)
-          for (int x = 0; x < inside; ++x) {
-            float* at = to + r * sc.M + x;
-            const float v = from[r * kStride + x];
-            if (add) atomicAdd(at, v);
-            else *at = v;
-          }
-      }
-    }
-    if (kRowSums && threadIdx.x < kBwdRows && q0 + threadIdx.x < sc.S) {
-      const int64_t row = bh * sc.S + q0 + threadIdx.x, rows = sc.B * sc.H * sc.S;
-      for (int f = 0; f < 4; ++f) {
-        double sum = 0;
-        for (int w = 0; w < kBwdThreads / 32; ++w) sum += q_sums[(4 * w + f) * kBwdRows + threadIdx.x];
-        atomicAdd(p.row_sums + f * rows + row, sum);
-      }
-    }
+    if (p.dE) add_tile_to_edit_bias(p.dE, dSs, sc, h, q0, k0);
+    if constexpr (kRowSums) add_query_row_sums(p.row_sums, q_sums, sc, bh, q0);
   }
 
   // The keys' gradients: dK (times scale) and dV, stored when this CTA walked
@@ -511,15 +534,7 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
     colsum[r] += __shfl_xor_sync(0xffffffffu, colsum[r], 2);
     if (kRead && t == 0 && k0 + jl[r] < sc.S) atomicAdd(p.colsum_ds + bh * sc.S + k0 + jl[r], colsum[r]);
   }
-  if (p.dw_sums) {  // fp64 across CTAs too: the partial sums are much larger than the total
-    const double2 sums = block_reduce(
-        double2{dw_in_part, dw_x_part}, [](double2 a, double2 b) { return double2{a.x + b.x, a.y + b.y}; },
-        double2{0, 0});
-    if (threadIdx.x == 0) {
-      atomicAdd(p.dw_sums + h, sums.x);
-      atomicAdd(p.dw_sums + sc.H + h, sums.y);
-    }
-  }
+  if (p.dw_sums) add_edit_bias_scalar_sums(p.dw_sums, dw_in_part, dw_x_part, h, sc.H);
 }
 
 // dw_in[h] and dw_x[h] = their sums, one block per head: the kernel's fp64
