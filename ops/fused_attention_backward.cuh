@@ -187,8 +187,8 @@ __device__ void store_key_halves(const KeyHalves& kv, const float (&dK)[8][4], c
 // sum, four keys per atomic (stored when B = 1: then this CTA is the only one
 // at (h, i, j)). A thread keeps one quad of keys and walks every kRowStep-th
 // query row.
-__device__ __forceinline__ void add_tile_to_edit_bias(float* dE, const float* dSs, const ScoreArgs& sc, int64_t h,
-                                                      int64_t q0, int64_t k0) {
+__device__ __forceinline__ void add_tile_to_dE(float* dE, const float* dSs, const ScoreArgs& sc, int64_t h, int64_t q0,
+                                               int64_t k0) {
   const bool add = sc.B > 1;
   constexpr int kQuads = kBwdKeys / 4, kRowStep = kBwdThreads / kQuads;
   const int c = 4 * (threadIdx.x % kQuads), r0 = threadIdx.x / kQuads;
@@ -232,13 +232,13 @@ __device__ __forceinline__ void add_query_row_sums(double* row_sums, const doubl
 // The CTA's shares of dw_in's and dw_x's sums, summed over its threads, added
 // to dw_sums ([2, H]): in fp64 across CTAs too, as the shares are much larger
 // than the total.
-__device__ __forceinline__ void add_edit_bias_scalar_sums(double* dw_sums, double in_part, double x_part, int64_t h,
-                                                          int64_t H) {
+__device__ __forceinline__ void add_edit_bias_scalar_sums(double* dw_sums, double in_part, double x_part,
+                                                          const ScoreArgs& sc, int64_t h) {
   const double2 sums = block_reduce(
       double2{in_part, x_part}, [](double2 a, double2 b) { return double2{a.x + b.x, a.y + b.y}; }, double2{0, 0});
   if (threadIdx.x == 0) {
     atomicAdd(dw_sums + h, sums.x);
-    atomicAdd(dw_sums + H + h, sums.y);
+    atomicAdd(dw_sums + sc.H + h, sums.y);
   }
 }
 
@@ -504,7 +504,7 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
       }, lane, true);
     }
 
-    if (p.dE) add_tile_to_edit_bias(p.dE, dSs, sc, h, q0, k0);
+    if (p.dE) add_tile_to_dE(p.dE, dSs, sc, h, q0, k0);
     if constexpr (kRowSums) add_query_row_sums(p.row_sums, q_sums, sc, bh, q0);
   }
 
@@ -534,7 +534,7 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
     colsum[r] += __shfl_xor_sync(0xffffffffu, colsum[r], 2);
     if (kRead && t == 0 && k0 + jl[r] < sc.S) atomicAdd(p.colsum_ds + bh * sc.S + k0 + jl[r], colsum[r]);
   }
-  if (p.dw_sums) add_edit_bias_scalar_sums(p.dw_sums, dw_in_part, dw_x_part, h, sc.H);
+  if (p.dw_sums) add_edit_bias_scalar_sums(p.dw_sums, dw_in_part, dw_x_part, sc, h);
 }
 
 // dw_in[h] and dw_x[h] = their sums, one block per head: the kernel's fp64
