@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <tuple>
 
 #include "ops/binary_mask.h"
 #include "ops/edit_bias.h"
@@ -37,22 +38,33 @@ std::vector<Tensor> RegionAttentionParams::parameters() const {
 }
 
 namespace {
-void check_params(const RegionAttentionParams& p) {
-  for (const auto& [t, name] : {std::pair{&p.qkv_weight, "qkv_weight"}, {&p.qkv_bias, "qkv_bias"},
-                                {&p.out_weight, "out_weight"}, {&p.out_bias, "out_bias"},
-                                {&p.edit_region_bias, "edit_region_bias"}, {&p.within_edit_bias, "within_edit_bias"},
-                                {&p.cross_edit_bias, "cross_edit_bias"}})
-    check_defined("region_attention", name, *t);
+// x [B,S,C] and every parameter defined, with the shapes of a layer of hidden
+// C and p.heads heads (so that a bias of another head count is not broadcast).
+void check_layer(const Tensor& x, const RegionAttentionParams& p) {
+  const char* op = "region_attention";
+  check_defined(op, "x", x);
+  TG_CHECK(x.dim() == 3, op, ": x must be [B,S,C], got ", x.shape());
+  const int64_t C = x.shape()[2], H = p.heads;
+  TG_CHECK(H > 0 && C % H == 0, op, ": hidden ", C, " is not divisible by heads ", H);
+  const Tensor& E = p.edit_region_bias;
+  check_defined(op, "edit_region_bias", E);
+  TG_CHECK(E.dim() == 3 && E.shape()[0] == H && E.shape()[1] == E.shape()[2], op, ": edit_region_bias must be [", H,
+           ",M,M], got ", E.shape());
+  for (const auto& [t, name, shape] :
+       {std::tuple{&p.qkv_weight, "qkv_weight", Shape{3 * C, C}}, {&p.qkv_bias, "qkv_bias", Shape{3 * C}},
+        {&p.out_weight, "out_weight", Shape{C, C}}, {&p.out_bias, "out_bias", Shape{C}},
+        {&p.within_edit_bias, "within_edit_bias", Shape{H, 1, 1}},
+        {&p.cross_edit_bias, "cross_edit_bias", Shape{H, 1, 1}}}) {
+    check_defined(op, name, *t);
+    TG_CHECK(t->shape() == shape, op, ": ", name, " must be ", shape, ", got ", t->shape());
+  }
 }
 }  // namespace
 
 Tensor region_attention_decomposed(const Tensor& x, const Tensor& edit_mask, const Tensor& attn_mask,
                                    const RegionAttentionParams& p, const DropoutOptions& drop) {
-  check_defined("region_attention", "x", x);
-  check_params(p);
-  TG_CHECK(x.dim() == 3, "region_attention: x must be [B,S,C], got ", x.shape());
+  check_layer(x, p);
   const int64_t B = x.shape()[0], S = x.shape()[1], C = x.shape()[2], H = p.heads;
-  TG_CHECK(H > 0 && C % H == 0, "region_attention: hidden ", C, " is not divisible by heads ", H);
   TG_CHECK(edit_mask.defined() && edit_mask.shape() == Shape({B, S}), "region_attention: edit_mask must be [",
            B, ",", S, "], got ", edit_mask.defined() ? to_string(edit_mask.shape()) : "undefined");
   TG_CHECK(attn_mask.defined() && attn_mask.shape() == Shape({B, S}), "region_attention: attn_mask must be [",
@@ -79,10 +91,8 @@ Tensor region_attention_decomposed(const Tensor& x, const Tensor& edit_mask, con
 
 Tensor region_attention(const Tensor& x, const Tensor& edit_mask, const Tensor& attn_mask,
                         const RegionAttentionParams& params, const DropoutOptions& dropout, AttentionImpl impl) {
-  check_params(params);
   if (impl == AttentionImpl::Decomposed) return region_attention_decomposed(x, edit_mask, attn_mask, params, dropout);
-  check_defined("region_attention", "x", x);
-  TG_CHECK(x.dim() == 3, "region_attention: x must be [B,S,C], got ", x.shape());
+  check_layer(x, params);
   // The qkv projection is part of the fused node (fused_qkv_attention); at
   // "high" the out-projection runs on fp16 tensor cores too, like the core.
   const Tensor o = fused_qkv_attention(x, params.qkv_weight, params.qkv_bias, edit_mask, attn_mask,

@@ -84,6 +84,25 @@ TEST_CASE("errors/region_attention") {
         "edit_bias: sequence length 5 of edit_mask [1,5] exceeds the 4 positions of edit_region_bias [2,4,4]");
   CHECK(error_of([] { tg::RegionAttentionParams::init({10, 3, 4}); }) ==
         "RegionAttentionParams::init: hidden 10 is not divisible by heads 3");
+  // Parameters of another head count or hidden size: errors before anything
+  // broadcasts (a one-head bias would otherwise be shared by both heads).
+  for (const tg::AttentionImpl impl : {tg::AttentionImpl::Decomposed, tg::AttentionImpl::Fused}) {
+    const auto run = [&](const tg::RegionAttentionParams& q) {
+      return error_of([&] { tg::region_attention(tg::zeros({1, 3, 8}), tg::zeros({1, 3}), tg::ones({1, 3}), q, {}, impl); });
+    };
+    auto q = p;
+    q.edit_region_bias = tg::zeros({1, 4, 4});
+    CHECK(run(q) == "region_attention: edit_region_bias must be [2,M,M], got [1,4,4]");
+    q = p;
+    q.within_edit_bias = tg::zeros({1, 1, 1});
+    CHECK(run(q) == "region_attention: within_edit_bias must be [2,1,1], got [1,1,1]");
+    q = p;
+    q.out_weight = tg::zeros({8, 6});
+    CHECK(run(q) == "region_attention: out_weight must be [8,8], got [8,6]");
+    q = p;
+    q.heads = 4;
+    CHECK(run(q) == "region_attention: edit_region_bias must be [4,M,M], got [2,4,4]");
+  }
 }
 
 TEST_CASE("errors/devices without CUDA" * doctest::skip(tg::cuda::is_available())) {
