@@ -91,8 +91,9 @@ void Optimizer::load_state_dict(const StateDict& dict) {
 
 SGD::SGD(std::vector<Tensor> params, const SGDOptions& options)
     : Optimizer(std::move(params), options.lr, "SGD"), options_(options) {
-  TG_CHECK(options.momentum >= 0 && options.weight_decay >= 0, "SGD: momentum ", options.momentum,
-           " and weight_decay ", options.weight_decay, " must be >= 0");
+  TG_CHECK(std::isfinite(options.momentum) && options.momentum >= 0 && std::isfinite(options.weight_decay) &&
+               options.weight_decay >= 0,
+           "SGD: momentum ", options.momentum, " and weight_decay ", options.weight_decay, " must be finite and >= 0");
 }
 
 std::vector<std::string> SGD::buffer_names() const {
@@ -129,8 +130,8 @@ AdamW::AdamW(std::vector<Tensor> params, const AdamWOptions& options)
   const auto& o = options;
   TG_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, "AdamW: betas must be in [0, 1), got (",
            o.beta1, ", ", o.beta2, ")");
-  TG_CHECK(o.eps >= 0 && o.weight_decay >= 0, "AdamW: eps ", o.eps, " and weight_decay ", o.weight_decay,
-           " must be >= 0");
+  TG_CHECK(std::isfinite(o.eps) && o.eps >= 0 && std::isfinite(o.weight_decay) && o.weight_decay >= 0, "AdamW: eps ",
+           o.eps, " and weight_decay ", o.weight_decay, " must be finite and >= 0");
 }
 
 std::vector<std::string> AdamW::buffer_names() const { return {"exp_avg", "exp_avg_sq"}; }

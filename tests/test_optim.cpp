@@ -185,7 +185,12 @@ TEST_CASE("optim/constructor and lr errors") {
   CHECK(error_of([&] { optim::SGD({p, p}, {}); }) == "SGD: parameter 1 [1] appears more than once");
   CHECK(error_of([&] { optim::SGD({tg::mul(p, 2.0)}, {}); }) == "SGD: parameter 0 [1] is not a leaf tensor");
   CHECK(error_of([&] { optim::SGD({p}, {.lr = -1}); }) == "SGD: lr must be finite and >= 0, got -1");
-  CHECK(error_of([&] { optim::SGD({p}, {.momentum = -0.5}); }) == "SGD: momentum -0.5 and weight_decay 0 must be >= 0");
+  CHECK(error_of([&] { optim::SGD({p}, {.momentum = -0.5}); }) ==
+        "SGD: momentum -0.5 and weight_decay 0 must be finite and >= 0");
+  CHECK(error_of([&] { optim::SGD({p}, {.momentum = INFINITY}); }) ==
+        "SGD: momentum inf and weight_decay 0 must be finite and >= 0");
+  CHECK(error_of([&] { optim::AdamW({p}, {.eps = INFINITY}); }) ==
+        "AdamW: eps inf and weight_decay 0.01 must be finite and >= 0");
   CHECK(error_of([&] { optim::AdamW({p}, {.beta2 = 1.0}); }) == "AdamW: betas must be in [0, 1), got (0.9, 1)");
   optim::AdamW adamw({p});
   adamw.set_lr(0.5);
@@ -274,4 +279,22 @@ TEST_CASE("optim/clip_grad_norm_ returns the total norm and scales when it excee
   CHECK(tg::nn::utils::clip_grad_norm_({a, b}, 6.5) == doctest::Approx(6.5).epsilon(1e-6));
   CHECK(error_of([&] { tg::nn::utils::clip_grad_norm_({a}, 0.0); }) ==
         "clip_grad_norm_: max_norm must be finite and > 0, got 0");
+}
+
+// As PyTorch's: a NaN or Inf among the gradients makes the total norm
+// non-finite, and the clip coefficient max_norm / (norm + 1e-6) (NaN, or 0
+// for Inf) still multiplies every gradient, so the step that follows sees the
+// problem in every parameter rather than in one.
+TEST_CASE("optim/clip_grad_norm_ with a non-finite gradient: the norm says so and every gradient is scaled by it") {
+  tg::Tensor a = param64({0, 0}), b = param64({0});
+  set_grad(a, {3, std::nan("")});
+  set_grad(b, {12});
+  CHECK(std::isnan(tg::nn::utils::clip_grad_norm_({a, b}, 1.0)));
+  for (const tg::Tensor* t : {&a, &b})
+    for (double v : t->grad().to_vector()) CHECK(std::isnan(v));
+  set_grad(a, {3, INFINITY});
+  set_grad(b, {12});
+  CHECK(std::isinf(tg::nn::utils::clip_grad_norm_({a, b}, 1.0)));
+  CHECK(b.grad().to_vector() == std::vector<double>{0});  // 12 * (1 / Inf)
+  CHECK(std::isnan(a.grad().to_vector()[1]));             // Inf * 0
 }
