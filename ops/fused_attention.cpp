@@ -10,6 +10,7 @@
 #include "core/pack.h"
 #include "core/random.h"
 #include "ops/binary_mask.h"
+#include "ops/copy.h"
 #include "ops/fused_attention_kernels.h"
 #include "ops/matmul_kernels.h"
 #include "ops/reduce.h"
@@ -613,6 +614,11 @@ LayerDims check_backward_args(const BackwardInputs& in, const Gradients& out) {
     TG_CHECK(D == kCudaHeadDim, op, ": the CUDA kernels cover head dim ", kCudaHeadDim, ", got ", D);
     check_cuda_batch_heads(op, B, H);  // before any output is written
   }
+  const std::vector<Tensor> inputs = inputs_of(in), outputs = outputs_of(out);
+  for (size_t o = 0; o < outputs.size(); ++o)
+    for (size_t i = 0; i < inputs.size(); ++i)
+      TG_CHECK(!inputs[i].defined() || !bytes_overlap(outputs[o], inputs[i]), op, ": output ", kOutputNames[o],
+               " overlaps input ", kInputNames[i], " (the inputs must not change)");
   return {B, S, C, H, D, M};
 }
 
@@ -662,6 +668,10 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
                                     MatmulPrecision precision_in, const Gradients& out) {
   const LayerDims L = check_backward_args(in, out);
   TG_CHECK(dropout_p >= 0 && dropout_p < 1, "region_attention_backward: dropout_p must be in [0, 1), got ", dropout_p);
+  TG_CHECK(std::isfinite(scale), "region_attention_backward: scale must be finite, got ", scale);
+  if (!in.hidden_states.is_cuda())
+    check_binary_masks("region_attention_backward",
+                       {{"edit_region_mask", in.edit_region_mask}, {"attention_mask", in.attention_mask}});
   const MatmulPrecision precision = resolve_precision(precision_in);
   const Tensor& x = in.hidden_states;
   const TensorOptions opts{x.dtype(), x.device()};
@@ -785,6 +795,13 @@ std::vector<Tensor> inputs_of(const BackwardInputs& in) {
           in.key, in.value, in.attention_scores, in.attention_probs, in.attention_probs_dropped, in.attention_output,
           in.dropout_mask};
 }
+const char* const kInputNames[19] = {
+    "grad_output", "hidden_states", "edit_region_mask", "qkv_weight", "qkv_bias", "out_weight", "out_bias",
+    "edit_region_bias", "within_edit_bias", "cross_edit_bias", "attention_mask", "query", "key", "value",
+    "attention_scores", "attention_probs", "attention_probs_dropped", "attention_output", "dropout_mask"};
+const char* const kOutputNames[8] = {"grad_hidden_states", "grad_qkv_weight", "grad_qkv_bias",
+                                     "grad_out_weight", "grad_out_bias", "grad_edit_region_bias",
+                                     "grad_within_edit_bias", "grad_cross_edit_bias"};
 std::vector<Tensor> outputs_of(const Gradients& g) {
   return {g.hidden_states, g.qkv_weight, g.qkv_bias, g.out_weight, g.out_bias, g.edit_region_bias, g.within_edit_bias,
           g.cross_edit_bias};

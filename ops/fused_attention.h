@@ -74,13 +74,18 @@ struct Gradients {
       cross_edit_bias;
 };
 
-// The 19 inputs and the 8 outputs in the spec's order.
+// The 19 inputs and the 8 outputs in the spec's order, and their names.
 std::vector<Tensor> inputs_of(const BackwardInputs& in);
 std::vector<Tensor> outputs_of(const Gradients& g);
+extern const char* const kInputNames[19];
+extern const char* const kOutputNames[8];
 
 // Reads grad_output, hidden_states, the weights, query/key/value,
 // attention_probs, attention_probs_dropped, attention_output and the masks (P is
-// read, not recomputed: no log-sum-exp is given); modifies none of them.
+// read, not recomputed: no log-sum-exp is given); modifies none of them, and no
+// output may share memory with an input (tg::Error). On the CPU the masks are
+// checked to hold only 0 and 1; on CUDA they are taken as given, since that
+// check would need a host synchronisation, which this backward never makes.
 // Precision on CUDA: at "high" the attention core's backward kernel and the
 // four projection GEMMs run on fp16 tensor cores (each operand scaled by a
 // power of two into fp16's range: TF32's 10-bit mantissa at twice its rate;

@@ -75,6 +75,14 @@ TEST_CASE("fused/cpu float64: the fused algorithm equals the decomposed graph") 
     a.narrow(0, 0, 1).fill_(0.0);
     check_fused_matches_decomposed(make_layer(2, 7, 12, 3, 8, tg::zeros({2, 7}, {tg::DType::Float64}), a), 0.1);
   }
+  SUBCASE("a whole key block masked before unmasked keys (S = 150: the online softmax starts at block 1 or 2)") {
+    const int64_t B = 2, S = 150;
+    tg::Tensor a = tg::ones({B, S}, {tg::DType::Float64});
+    a.narrow(1, 0, 70).fill_(0.0);                   // block 0 and part of block 1, in both batches
+    a.narrow(0, 1, 1).narrow(1, 70, 58).fill_(0.0);  // batch 1: the rest of block 1 too
+    const tg::Tensor e = tg::dropout_mask({B, S}, 0.5, {7, 7}, {tg::DType::Float64});
+    check_fused_matches_decomposed(make_layer(B, S, 8, 2, S, e, a), 0.15);
+  }
   SUBCASE("S = 1 and S = 2") {
     check_fused_matches_decomposed(make_layer(3, 1, 8, 2, 4, mask64({1, 0, 1}, 3, 1), mask64({1, 1, 1}, 3, 1)), 0.1);
     check_fused_matches_decomposed(make_layer(1, 2, 8, 1, 2, mask64({1, 0}, 1, 2), mask64({0, 1}, 1, 2)), 0.1);
@@ -282,6 +290,36 @@ TEST_CASE("errors/fused attention") {
   CHECK(error_of([] { tg::check_cuda_batch_heads("fused_attention", 32768, 2); }) ==
         "fused_attention: batch 32768 x heads 2 = 65536 exceeds the CUDA kernels' limit of 65535 (b, h) pairs");
   CHECK(error_of([] { tg::check_cuda_batch_heads("fused_attention", 4095, 16); }).empty());
+}
+
+// The benchmark interface refuses, before writing anything: an output that
+// shares memory with an input, a non-finite scale, and on the CPU a mask
+// value other than 0 and 1 (on CUDA masks are taken as given: ops/fused_attention.h).
+TEST_CASE("errors/benchmark interface: an output over an input, a non-finite scale, masks not 0/1") {
+  const int64_t B = 1, S = 3, C = 4, H = 2, D = 2, M = 4;
+  const tg::TensorOptions f64{tg::DType::Float64};
+  const auto z = [&](const tg::Shape& shape) { return tg::zeros(shape, f64); };
+  tg::fused::BackwardInputs in{z({B, S, C}),    z({B, S, C}),    z({B, S}),       z({3 * C, C}),   z({3 * C}),
+                               z({C, C}),       z({C}),          z({H, M, M}),    z({H, 1, 1}),    z({H, 1, 1}),
+                               tg::ones({B, S}, f64), z({B, H, S, D}), z({B, H, S, D}), z({B, H, S, D}),
+                               z({B, H, S, S}), z({B, H, S, S}), z({B, H, S, S}), z({B, S, C}),    z({B, H, S, S})};
+  const auto outputs = [&] {
+    return tg::fused::Gradients{tg::full({B, S, C}, 7.0, f64), z({3 * C, C}), z({3 * C}), z({C, C}),
+                                z({C}),                        z({H, M, M}), z({H, 1, 1}), z({H, 1, 1})};
+  };
+  const auto run = [&](const tg::fused::Gradients& g, double scale = 0.5) {
+    return error_of([&] { tg::fused::region_attention_backward_into(in, scale, 0.1, tg::MatmulPrecision::Default, g); });
+  };
+  CHECK(run(outputs()).empty());
+  tg::fused::Gradients g = outputs();
+  g.out_bias = in.qkv_bias.narrow(0, C, C);  // a view into an input
+  CHECK(run(g) == "region_attention_backward: output grad_out_bias overlaps input qkv_bias (the inputs must not change)");
+  g = outputs();
+  CHECK(run(g, NAN) == "region_attention_backward: scale must be finite, got nan");
+  CHECK(g.hidden_states.to_vector() == std::vector<double>(B * S * C, 7.0));  // nothing written
+  in.attention_mask = tg::from_vector({1, 0.5, 1}, {B, S}, f64);
+  CHECK(run(g) == "region_attention_backward: attention_mask [1,3] must hold only 0 and 1; element 1 is 0.5");
+  CHECK(g.hidden_states.to_vector() == std::vector<double>(B * S * C, 7.0));
 }
 
 TEST_CASE("errors/fused qkv attention: every argument checked before the projection runs") {
