@@ -7,7 +7,8 @@
 //
 //   x <- g * keep / (1 - p)
 //
-// p = 0 is the identity. The CUDA kernel draws the same mask bit for bit.
+// p = 0 is the identity, an explicit mask included (checked, not applied: as
+// the spec's dP = dPd at p = 0). The CUDA kernel draws the same mask bit for bit.
 #pragma once
 #include <optional>
 

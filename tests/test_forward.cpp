@@ -297,6 +297,17 @@ TEST_CASE("forward/dropout keeps exactly the elements whose Philox uniform is >=
   }
 }
 
+// p = 0 is the identity, with an explicit mask too (checked, not applied), as
+// the spec's dP = dPd at p = 0; at p > 0 an explicit mask replaces the draw.
+TEST_CASE("forward/dropout with an explicit mask: applied at p > 0, checked but not applied at p = 0") {
+  const tg::Tensor x = tg::from_vector({1, 2, 3}, {3}, {tg::DType::Float64});
+  const tg::Tensor mask = tg::from_vector({0, 1, 0}, {3}, {tg::DType::Float64});
+  CHECK(tg::dropout(x, {0.0, std::nullopt, mask}).to_vector() == std::vector<double>{1, 2, 3});
+  CHECK(tg::dropout(x, {0.5, std::nullopt, mask}).to_vector() == std::vector<double>{0, 4, 0});
+  CHECK(contains(error_of([&] { tg::dropout(x, {0.0, std::nullopt, tg::full({3}, 0.5, {tg::DType::Float64})}); }),
+                 "dropout: mask [3] must hold only 0 and 1"));
+}
+
 TEST_CASE("forward/dropout masks: rate, lanes and neighbours within 5 sigma of Bernoulli(1 - p)") {
   const double p = 0.1, q = 1 - p;
   const int64_t n = 400000;
