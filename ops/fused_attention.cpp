@@ -302,6 +302,7 @@ void check_core_args(const char* op, const std::string& qkv, const Shape& qkv_sh
              like.dtype());
     TG_CHECK(D == kCudaHeadDim, op, ": the CUDA kernels cover head dim ", kCudaHeadDim, "; ", qkv, " ", qkv_shape,
              " with ", H, " heads has head dim ", D, " (use AttentionImpl::Decomposed)");
+    check_cuda_batch_heads(op, B, H);  // before the projection runs and a dropout draw is taken
   }
 }
 

@@ -49,7 +49,9 @@ struct RowsDescriptor {
   HostScalar one, zero;
 
   RowsDescriptor(const Tensor& t, int64_t rows, int64_t cols) : one(1.0, t.dtype()), zero(0.0, t.dtype()) {
-    TG_CHECK(rows <= INT32_MAX && cols <= INT32_MAX, "softmax (cuDNN): ", rows, " x ", cols, " exceeds cuDNN's int sizes");
+    // cuDNN's legacy tensor descriptors hold at most 2^31 - 1 elements in all, not only per dimension.
+    TG_CHECK(rows <= INT32_MAX && cols <= INT32_MAX && rows * cols <= INT32_MAX, "softmax (cuDNN): ", rows, " x ", cols,
+             " exceeds the 2^31 - 1 elements of a cuDNN tensor (use SoftmaxImpl::Native)");
     TG_CUDA_CHECK(cudnnCreateTensorDescriptor(&desc), "softmax (cuDNN)");
     TG_CUDA_CHECK(cudnnSetTensor4dDescriptor(desc, CUDNN_TENSOR_NCHW,
                                              t.dtype() == DType::Float64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT,

@@ -718,6 +718,16 @@ TEST_CASE("fused/more (b, h) pairs than the CUDA grid holds is an error, outputs
   });
   CHECK(contains(message, "region_attention_backward: batch 32768 x heads 2 = 65536 exceeds the CUDA kernels' limit"));
   CHECK(std::isnan(out.hidden_states.to_vector()[0]));
+  // The training path refuses it before its projection runs or its dropout draw is taken.
+  const tg::Tensor x = tg::zeros(tokens, {tg::DType::Float32, tg::Device::CUDA});
+  const tg::PhiloxState before = tg::default_generator().state();
+  CHECK(contains(error_of([&] {
+                   tg::fused_qkv_attention(x, in.qkv_weight, in.qkv_bias, in.edit_region_mask, in.attention_mask,
+                                           in.edit_region_bias, in.within_edit_bias, in.cross_edit_bias, H, {0.1});
+                 }),
+                 "fused_qkv_attention: batch 32768 x heads 2 = 65536 exceeds the CUDA kernels' limit"));
+  const tg::PhiloxState after = tg::default_generator().state();
+  CHECK((after.seed == before.seed && after.offset == before.offset));
 }
 
 TEST_CASE("fused/an empty batch or sequence runs no kernel and gives zero gradients" * doctest::skip(kNoGpu)) {
