@@ -2,6 +2,7 @@
 // kernels that map them over tensors on either device.
 #pragma once
 #include <cmath>
+#include <type_traits>
 
 #include "core/dispatch.h"
 #include "core/hd.h"
@@ -111,6 +112,24 @@ struct BinaryForward {
   TG_HD T operator()(T a, T b) const { return binary_forward(op, a, b); }
 };
 
+// The same with the op fixed at compile time: a CPU loop over it vectorizes
+// (with a switch per element it does not: bench/cpu_maps, bench/NOTES.md).
+template <class T, BinaryOp Op>
+struct BinaryForwardOf {
+  TG_HD T operator()(T a, T b) const { return binary_forward(Op, a, b); }
+};
+
+// f(std::integral_constant<BinaryOp, op>{}): the op as a compile-time constant.
+template <class F>
+void with_binary_op(BinaryOp op, const F& f) {
+  switch (op) {
+    case BinaryOp::Add: return f(std::integral_constant<BinaryOp, BinaryOp::Add>{});
+    case BinaryOp::Sub: return f(std::integral_constant<BinaryOp, BinaryOp::Sub>{});
+    case BinaryOp::Mul: return f(std::integral_constant<BinaryOp, BinaryOp::Mul>{});
+    case BinaryOp::Div: return f(std::integral_constant<BinaryOp, BinaryOp::Div>{});
+  }
+}
+
 }  // namespace math
 
 // Kernels on tensors already broadcast to out's shape; out is contiguous.
@@ -142,7 +161,11 @@ template <Device D>
 void ElementwiseKernels<D>::binary_forward(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
   const Loop<D> loop{"binary"};
   TG_DISPATCH_FLOAT(a.dtype(), T, [&] {
-    loop.map(make_map_args<T, 2>(loop.op, out, {a, b}), math::BinaryForward<T>{op});
+    const auto args = make_map_args<T, 2>(loop.op, out, {a, b});
+    if constexpr (D == Device::CPU)
+      math::with_binary_op(op, [&](auto fixed) { loop.map(args, math::BinaryForwardOf<T, fixed.value>{}); });
+    else
+      loop.map(args, math::BinaryForward<T>{op});
   });
 }
 
