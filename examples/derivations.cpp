@@ -56,11 +56,12 @@ double norm(const tg::Tensor& t) {
   return std::sqrt(s);
 }
 
-void show_gradcheck(tg::OpId op) {
+// Whether the gradcheck passed (true where it needs a GPU and is not run).
+bool show_gradcheck(tg::OpId op) {
   const auto cases = tgtest::cases_of(op, tgtest::kGradcheck);
   if (cases.empty() || cases.front()->needs_cuda) {
     std::printf("  (gradcheck needs a GPU for this op)\n");
-    return;
+    return true;
   }
   const tgtest::OpCase& c = *cases.front();
   const tgtest::Dims dims = tgtest::dims_for(tgtest::kGradcheck);
@@ -76,13 +77,14 @@ void show_gradcheck(tg::OpId op) {
     if (shown[e.input]++ < 4)
       std::printf("    %-6zu %-6ld %16.10f %16.10f %10.2e\n", e.input, static_cast<long>(e.index), e.analytic, e.numeric,
                   std::abs(e.analytic - e.numeric));
+  return r.ok;
 }
 
-void show_op(const std::vector<Section>& sections, tg::OpId op, bool with_text) {
+bool show_op(const std::vector<Section>& sections, tg::OpId op, bool with_text) {
   std::printf("\n=== %s\n", tg::op_name(op));
   const Section* s = section_of(sections, op);
   if (with_text && s) std::printf("--- docs/derivations.md, \"%s\"\n%s", s->title.c_str(), s->text.c_str());
-  show_gradcheck(op);
+  return show_gradcheck(op);
 }
 
 // A tiny decomposed layer in float64, its backward observed node by node.
@@ -107,15 +109,8 @@ void walk_layer() {
   y.backward(tg::ones(y.shape(), f64));
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"Every op's backward: the derivation, then gradcheck's analytic and numeric gradients"};
-  std::string op;
-  bool layer = false;
-  app.add_option("--op", op, "one op (a name from autograd/op_list.h, e.g. softmax)");
-  app.add_flag("--layer", layer, "walk the attention layer's backward node by node");
-  CLI11_PARSE(app, argc, argv);
+// Exit status 1 when a gradcheck fails or the page cannot be read, 2 for an unknown op.
+int run(const std::string& op, bool layer) {
   if (layer) {
     walk_layer();
     return 0;
@@ -123,19 +118,36 @@ int main(int argc, char** argv) {
   const std::vector<Section> sections = read_sections(TG_SOURCE_DIR "/docs/derivations.md");
   if (!op.empty()) {
     for (int i = 0; i < tg::kOpCount; ++i)
-      if (op == tg::kOpNames[i]) {
-        show_op(sections, static_cast<tg::OpId>(i), true);
-        return 0;
-      }
+      if (op == tg::kOpNames[i]) return show_op(sections, static_cast<tg::OpId>(i), true) ? 0 : 1;
     std::fprintf(stderr, "derivations: no op named '%s' (see autograd/op_list.h)\n", op.c_str());
-    return 1;
+    return 2;
   }
+  bool ok = true;
   const Section* previous = nullptr;  // ops that share a section print it once
   for (int i = 0; i < tg::kOpCount; ++i) {
     const auto id = static_cast<tg::OpId>(i);
     const Section* s = section_of(sections, id);
-    show_op(sections, id, s != previous);
+    ok = show_op(sections, id, s != previous) && ok;
     previous = s;
   }
-  return 0;
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Every op's backward: the derivation, then gradcheck's analytic and numeric gradients"};
+  std::string op;
+  bool layer = false;
+  CLI::Option* op_option = app.add_option("--op", op, "one op (a name from autograd/op_list.h, e.g. softmax)");
+  op_option->check(CLI::Validator([](std::string& s) { return s.empty() ? "an op name, not an empty string" : ""; },
+                                  "NAME"));
+  app.add_flag("--layer", layer, "walk the attention layer's backward node by node")->excludes(op_option);
+  CLI11_PARSE(app, argc, argv);
+  try {
+    return run(op, layer);
+  } catch (const tg::Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
 }
