@@ -18,6 +18,7 @@
 #include <iomanip>
 #include <iostream>
 #include <map>
+#include <new>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -35,6 +36,7 @@ constexpr uint64_t kHeldOutSeed = 1'000'003;
 constexpr uint64_t kHeldOutNoiseSeed = 1'000'004;
 constexpr int64_t kGridExamples = 6;
 constexpr int64_t kMaxEdits = 1 << 16;  // per batch and held out
+constexpr int64_t kMaxSteps = 1'000'000'000, kMaxDepth = 10'000;
 // The checkpoint metadata key of the options a resumed run must share.
 constexpr const char* kOptionsKey = "train_edit_diffusion.options";
 
@@ -59,16 +61,48 @@ struct Options {
   int64_t heldout = 64;
 };
 
+// Checks that say what is wrong with a value: CLI11's PositiveNumber and
+// NonNegativeNumber report "not in range 0 to 1797...(309 digits)", and its
+// integer conversion saturates at the int64 maximum and reads 0x10 as 16.
+CLI::Validator whole_number(int64_t lowest, int64_t highest) {
+  const std::string range = "[" + std::to_string(lowest) + ", " + std::to_string(highest) + "]";
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        int64_t v = 0;
+        const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), v);
+        if (error == std::errc() && end == text.data() + text.size())
+          return v >= lowest && v <= highest ? "" : text + " is not in " + range;
+        return "'" + text + "' is not a whole number in " + range;
+      },
+      range);
+}
+
+// A finite number above 0, or with zero_allowed at least 0.
+CLI::Validator real_number(bool zero_allowed) {
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        double v = 0;
+        const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), v);
+        if (error != std::errc() || end != text.data() + text.size() || !std::isfinite(v))
+          return "'" + text + "' is not a finite number in a double's range";
+        if (zero_allowed ? v >= 0 : v > 0) return "";
+        return text + (zero_allowed ? " is negative" : " is not positive");
+      },
+      zero_allowed ? "NONNEGATIVE" : "POSITIVE");
+}
+
 void add_options(CLI::App& app, Options& o) {
+  const CLI::Validator steps = whole_number(1, kMaxSteps), period = whole_number(0, kMaxSteps),
+                       edits = whole_number(1, kMaxEdits);
   app.add_option("--steps", o.steps, "training steps (the length of the cosine schedule)")
-      ->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--batch", o.batch, "edits per step")->check(CLI::Range(int64_t{1}, kMaxEdits))->capture_default_str();
-  app.add_option("--lr", o.lr, "peak learning rate of AdamW")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--warmup", o.warmup, "linear warm-up steps (default: 5% of --steps)")->check(CLI::NonNegativeNumber);
+      ->check(steps)->capture_default_str();
+  app.add_option("--batch", o.batch, "edits per step")->check(edits)->capture_default_str();
+  app.add_option("--lr", o.lr, "peak learning rate of AdamW")->check(real_number(false))->capture_default_str();
+  app.add_option("--warmup", o.warmup, "linear warm-up steps (default: 5% of --steps)")->check(period);
   app.add_option("--weight-decay", o.weight_decay, "AdamW's decoupled weight decay")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(real_number(true))->capture_default_str();
   app.add_option("--max-grad-norm", o.max_grad_norm, "gradient clipping")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(real_number(false))->capture_default_str();
   app.add_option("--seed", o.seed, "seed of the model's init, the training noise and the training edits")
       ->check(CLI::Range(uint64_t{0}, kHeldOutSeed - 1))->capture_default_str();  // the held-out seed is not a training seed
   app.add_option("--device", o.device, "where to train")
@@ -79,23 +113,21 @@ void add_options(CLI::App& app, Options& o) {
       ->transform(CLI::CheckedTransformer(std::map<std::string, tg::AttentionImpl>{
           {"decomposed", tg::AttentionImpl::Decomposed}, {"fused", tg::AttentionImpl::Fused}}))
       ->option_text("decomposed|fused (default decomposed)");
-  app.add_option("--depth", o.depth, "DiT blocks")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--depth", o.depth, "DiT blocks")->check(whole_number(1, kMaxDepth))->capture_default_str();
   app.add_option("--mlp-ratio", o.mlp_ratio, "the blocks' MLP width over the hidden width 128")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(real_number(false))->capture_default_str();
   app.add_option("--out", o.out, "output folder")->capture_default_str();
   app.add_option("--resume", o.resume, "checkpoint to continue from (with the options of the run that wrote it)")
       ->check(CLI::ExistingFile);
   app.add_option("--sample-every", o.sample_every, "steps between sample grids (0: only at the end)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(period)->capture_default_str();
   app.add_option("--eval-every", o.eval_every, "steps between held-out evaluations (0: only at the end)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(period)->capture_default_str();
   app.add_option("--checkpoint-every", o.checkpoint_every,
                  "steps between checkpoint_step<N>.safetensors (0: only final.safetensors)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
-  app.add_option("--sample-steps", o.sample_steps, "Euler steps of the sampler")
-      ->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--heldout", o.heldout, "held-out edits for the PSNR table")
-      ->check(CLI::Range(int64_t{1}, kMaxEdits))->capture_default_str();
+      ->check(period)->capture_default_str();
+  app.add_option("--sample-steps", o.sample_steps, "Euler steps of the sampler")->check(steps)->capture_default_str();
+  app.add_option("--heldout", o.heldout, "held-out edits for the PSNR table")->check(edits)->capture_default_str();
 }
 
 std::string minutes_seconds(double seconds) {
@@ -168,24 +200,42 @@ std::pair<int64_t, double> parse_row(const std::string& path, int64_t line, cons
 
 // train.csv: step, loss, lr, grad_norm, seconds (wall time of the training
 // steps since the first, carried on across resumes). A resumed run keeps the
-// rows up to its checkpoint's step and appends after them.
+// rows up to its checkpoint's step when they are steps 1 .. that step (rows
+// of another run are dropped, with a note), rewrites them through a temporary
+// file as the checkpoints are written, and appends after them. A failed write
+// is an error.
 class TrainCsv {
  public:
-  TrainCsv(const std::string& path, int64_t resumed_step) {
+  TrainCsv(const std::string& path, int64_t resumed_step) : path_(path) {
     std::vector<std::string> kept;
     std::ifstream earlier(path);
     int64_t line = 0;
+    bool in_order = true;
     for (std::string row; resumed_step > 0 && std::getline(earlier, row);) {
       if (++line == 1) continue;  // the header
       const auto [step, seconds] = parse_row(path, line, row);
       if (step > resumed_step) break;
+      in_order = in_order && step == static_cast<int64_t>(kept.size()) + 1;
       kept.push_back(row);
       seconds_before_ = seconds;
     }
-    out_.open(path, std::ios::trunc);
-    TG_CHECK(out_.is_open(), "train_edit_diffusion: cannot write '", path, "'");
-    out_ << "step,loss,lr,grad_norm,seconds\n";
-    for (const std::string& row : kept) out_ << row << "\n";
+    if (!kept.empty() && (!in_order || static_cast<int64_t>(kept.size()) != resumed_step)) {
+      std::cerr << "train_edit_diffusion: '" << path << "' does not hold steps 1-" << resumed_step
+                << " of the run being resumed; its rows are dropped\n";
+      kept.clear();
+      seconds_before_ = 0;
+    }
+    const std::string staged = path + ".tmp";
+    {
+      std::ofstream out(staged, std::ios::trunc);
+      out << "step,loss,lr,grad_norm,seconds\n";
+      for (const std::string& row : kept) out << row << "\n";
+      out.flush();
+      TG_CHECK(out.good(), "cannot write '", staged, "'");
+    }
+    fs::rename(staged, path);
+    out_.open(path, std::ios::app);
+    TG_CHECK(out_.is_open(), "cannot write '", path, "'");
   }
 
   void append(int64_t step, const toy::TrainStepResult& r, double lr, double train_seconds) {
@@ -193,9 +243,11 @@ class TrainCsv {
     out_ << step << "," << std::setprecision(9) << r.loss << "," << std::setprecision(6) << lr << "," << r.grad_norm
          << "," << std::fixed << std::setprecision(3) << seconds << std::defaultfloat << "\n";
     out_.flush();
+    TG_CHECK(out_.good(), "writing step ", step, " to '", path_, "' failed");
   }
 
  private:
+  std::string path_;
   std::ofstream out_;
   double seconds_before_ = 0;
 };
@@ -363,7 +415,10 @@ int main(int argc, char** argv) {
   if (app.count("--warmup") == 0) options.warmup = options.steps / 20;
   try {
     return train(options);
-  } catch (const std::exception& e) {  // tg::Error, and what the standard library throws (e.g. std::bad_alloc)
+  } catch (const std::bad_alloc&) {
+    std::cerr << "\ntrain_edit_diffusion: out of host memory (std::bad_alloc): try a smaller --batch or --heldout\n";
+    return 1;
+  } catch (const std::exception& e) {  // tg::Error, and what else the standard library throws
     std::cerr << "\ntrain_edit_diffusion: " << e.what() << "\n";
     return 1;
   }

@@ -39,9 +39,13 @@ Shape embedding_table_shape(int64_t num_embeddings, int64_t embedding_dim) {
   return {num_embeddings, embedding_dim};
 }
 
+// The MLP's width, hidden * mlp_ratio rounded down: at least 1, and below
+// 2^31 (checked before the cast, which would be undefined beyond int64).
 int64_t mlp_hidden(int64_t hidden, double mlp_ratio) {
-  TG_CHECK(mlp_ratio > 0, "DiTBlock: mlp_ratio must be positive, got ", mlp_ratio);
-  return static_cast<int64_t>(static_cast<double>(hidden) * mlp_ratio);
+  const double width = static_cast<double>(hidden) * mlp_ratio;
+  TG_CHECK(width >= 1 && width < 0x1p31, "DiTBlock: mlp_ratio ", mlp_ratio, " gives an MLP width of ", width,
+           " for hidden ", hidden, "; it must be at least 1 and below 2^31");
+  return static_cast<int64_t>(width);
 }
 
 Tensor modulate(const Tensor& h, const Tensor& shift, const Tensor& scale) {

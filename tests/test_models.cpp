@@ -419,6 +419,11 @@ TEST_CASE("module/a new DiTBlock is the identity (adaLN-Zero)") {
   CHECK(error_of([&] { block.forward(x, tg::zeros({2, 5}), m, m); }) ==
         "DiTBlock: c must be [2,4] for x [2,3,4], got [2,5]");
   CHECK(error_of([&] { block.forward(tg::zeros({2, 3, 5}), c, m, m); }) == "DiTBlock: x must be [B,S,4], got [2,3,5]");
+  // The MLP's width hidden * mlp_ratio must be a usable size (1e300 overflowed the cast to int64).
+  CHECK(error_of([] { nn::DiTBlock(kTinyAttention, 0.1); }) ==
+        "DiTBlock: mlp_ratio 0.1 gives an MLP width of 0.4 for hidden 4; it must be at least 1 and below 2^31");
+  CHECK(error_of([] { nn::DiTBlock(kTinyAttention, 1e300); }) ==
+        "DiTBlock: mlp_ratio 1e+300 gives an MLP width of 4e+300 for hidden 4; it must be at least 1 and below 2^31");
 }
 
 TEST_CASE("module/DiTBlock gradcheck") {
