@@ -146,7 +146,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     return run(op, layer);
-  } catch (const tg::Error& e) {
+  } catch (const std::exception& e) {  // tg::Error, and what the standard library throws
     std::fprintf(stderr, "%s\n", e.what());
     return 1;
   }

@@ -63,16 +63,20 @@ struct Options {
 
 // Checks that say what is wrong with a value: CLI11's PositiveNumber and
 // NonNegativeNumber report "not in range 0 to 1797...(309 digits)", and its
-// integer conversion saturates at the int64 maximum and reads 0x10 as 16.
+// integer conversion saturates at the int64 maximum and reads 0x10 as 16 and
+// 010 as 8. A whole number is read in decimal here and handed on as such
+// (attach it with ->transform).
 CLI::Validator whole_number(int64_t lowest, int64_t highest) {
   const std::string range = "[" + std::to_string(lowest) + ", " + std::to_string(highest) + "]";
   return CLI::Validator(
       [=](std::string& text) -> std::string {
         int64_t v = 0;
         const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), v);
-        if (error == std::errc() && end == text.data() + text.size())
-          return v >= lowest && v <= highest ? "" : text + " is not in " + range;
-        return "'" + text + "' is not a whole number in " + range;
+        if (error != std::errc() || end != text.data() + text.size())
+          return "'" + text + "' is not a whole number in " + range;
+        if (v < lowest || v > highest) return text + " is not in " + range;
+        text = std::to_string(v);
+        return "";
       },
       range);
 }
@@ -95,16 +99,17 @@ void add_options(CLI::App& app, Options& o) {
   const CLI::Validator steps = whole_number(1, kMaxSteps), period = whole_number(0, kMaxSteps),
                        edits = whole_number(1, kMaxEdits);
   app.add_option("--steps", o.steps, "training steps (the length of the cosine schedule)")
-      ->check(steps)->capture_default_str();
-  app.add_option("--batch", o.batch, "edits per step")->check(edits)->capture_default_str();
+      ->transform(steps)->capture_default_str();
+  app.add_option("--batch", o.batch, "edits per step")->transform(edits)->capture_default_str();
   app.add_option("--lr", o.lr, "peak learning rate of AdamW")->check(real_number(false))->capture_default_str();
-  app.add_option("--warmup", o.warmup, "linear warm-up steps (default: 5% of --steps)")->check(period);
+  app.add_option("--warmup", o.warmup, "linear warm-up steps (default: 5% of --steps)")->transform(period);
   app.add_option("--weight-decay", o.weight_decay, "AdamW's decoupled weight decay")
       ->check(real_number(true))->capture_default_str();
   app.add_option("--max-grad-norm", o.max_grad_norm, "gradient clipping")
       ->check(real_number(false))->capture_default_str();
   app.add_option("--seed", o.seed, "seed of the model's init, the training noise and the training edits")
-      ->check(CLI::Range(uint64_t{0}, kHeldOutSeed - 1))->capture_default_str();  // the held-out seed is not a training seed
+      ->transform(whole_number(0, static_cast<int64_t>(kHeldOutSeed) - 1))  // the held-out seed is not a training seed
+      ->capture_default_str();
   app.add_option("--device", o.device, "where to train")
       ->transform(CLI::CheckedTransformer(std::map<std::string, tg::Device>{{"cpu", tg::Device::CPU},
                                                                             {"cuda", tg::Device::CUDA}}))
@@ -113,21 +118,22 @@ void add_options(CLI::App& app, Options& o) {
       ->transform(CLI::CheckedTransformer(std::map<std::string, tg::AttentionImpl>{
           {"decomposed", tg::AttentionImpl::Decomposed}, {"fused", tg::AttentionImpl::Fused}}))
       ->option_text("decomposed|fused (default decomposed)");
-  app.add_option("--depth", o.depth, "DiT blocks")->check(whole_number(1, kMaxDepth))->capture_default_str();
+  app.add_option("--depth", o.depth, "DiT blocks")->transform(whole_number(1, kMaxDepth))->capture_default_str();
   app.add_option("--mlp-ratio", o.mlp_ratio, "the blocks' MLP width over the hidden width 128")
       ->check(real_number(false))->capture_default_str();
   app.add_option("--out", o.out, "output folder")->capture_default_str();
   app.add_option("--resume", o.resume, "checkpoint to continue from (with the options of the run that wrote it)")
       ->check(CLI::ExistingFile);
   app.add_option("--sample-every", o.sample_every, "steps between sample grids (0: only at the end)")
-      ->check(period)->capture_default_str();
+      ->transform(period)->capture_default_str();
   app.add_option("--eval-every", o.eval_every, "steps between held-out evaluations (0: only at the end)")
-      ->check(period)->capture_default_str();
+      ->transform(period)->capture_default_str();
   app.add_option("--checkpoint-every", o.checkpoint_every,
                  "steps between checkpoint_step<N>.safetensors (0: only final.safetensors)")
-      ->check(period)->capture_default_str();
-  app.add_option("--sample-steps", o.sample_steps, "Euler steps of the sampler")->check(steps)->capture_default_str();
-  app.add_option("--heldout", o.heldout, "held-out edits for the PSNR table")->check(edits)->capture_default_str();
+      ->transform(period)->capture_default_str();
+  app.add_option("--sample-steps", o.sample_steps, "Euler steps of the sampler")
+      ->transform(steps)->capture_default_str();
+  app.add_option("--heldout", o.heldout, "held-out edits for the PSNR table")->transform(edits)->capture_default_str();
 }
 
 std::string minutes_seconds(double seconds) {
@@ -201,9 +207,9 @@ std::pair<int64_t, double> parse_row(const std::string& path, int64_t line, cons
 // train.csv: step, loss, lr, grad_norm, seconds (wall time of the training
 // steps since the first, carried on across resumes). A resumed run keeps the
 // rows up to its checkpoint's step when they are steps 1 .. that step (rows
-// of another run are dropped, with a note), rewrites them through a temporary
-// file as the checkpoints are written, and appends after them. A failed write
-// is an error.
+// of another run are dropped, with a note; rows past it are not read, a row
+// cut short by a kill among them), writes them to a temporary file renamed
+// over the old one, and appends after them. A failed write is an error.
 class TrainCsv {
  public:
   TrainCsv(const std::string& path, int64_t resumed_step) : path_(path) {
@@ -213,8 +219,10 @@ class TrainCsv {
     bool in_order = true;
     for (std::string row; resumed_step > 0 && std::getline(earlier, row);) {
       if (++line == 1) continue;  // the header
+      int64_t leading = 0;
+      std::from_chars(row.data(), row.data() + row.size(), leading);
+      if (leading > resumed_step) break;
       const auto [step, seconds] = parse_row(path, line, row);
-      if (step > resumed_step) break;
       in_order = in_order && step == static_cast<int64_t>(kept.size()) + 1;
       kept.push_back(row);
       seconds_before_ = seconds;
@@ -233,7 +241,10 @@ class TrainCsv {
       out.flush();
       TG_CHECK(out.good(), "cannot write '", staged, "'");
     }
-    fs::rename(staged, path);
+    std::error_code renamed;
+    fs::rename(staged, path, renamed);
+    if (renamed) fs::remove(staged);
+    TG_CHECK(!renamed, "cannot replace '", path, "': ", renamed.message());
     out_.open(path, std::ios::app);
     TG_CHECK(out_.is_open(), "cannot write '", path, "'");
   }

@@ -128,6 +128,7 @@ void with_binary_op(BinaryOp op, const F& f) {
     case BinaryOp::Mul: return f(std::integral_constant<BinaryOp, BinaryOp::Mul>{});
     case BinaryOp::Div: return f(std::integral_constant<BinaryOp, BinaryOp::Div>{});
   }
+  TG_FAIL("binary op ", static_cast<int>(op), " is not one of add, sub, mul, div");
 }
 
 }  // namespace math

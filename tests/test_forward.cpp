@@ -98,6 +98,52 @@ TEST_CASE("forward/binary ops with broadcasting") {
   CHECK((a * 2.0 + 1.0).to_vector() == std::vector<double>{3, 5, 7, 9, 11, 13});
 }
 
+// The CPU's maps walk runs along the innermost collapsed dim in blocks of
+// 4096 elements (core/cpu_loops.h): every layout against a per-element
+// reference, with rows that cross blocks (129 and 90 columns), in parallel
+// (more than 2^14 elements) and not, an operand transposed (a gathered inner
+// stride), broadcast along a middle and the inner dim (stride 0), a view
+// with size-1 dims and an offset, and the binary ops at each op.
+TEST_CASE("forward/elementwise maps over transposed, broadcast and offset operands equal a per-element loop") {
+  tg::manual_seed(44);
+  const tg::TensorOptions f64{tg::DType::Float64};
+  const tg::Tensor x = tg::randn({129, 130}, f64), t = x.transpose(0, 1);  // t [130, 129], inner stride 130
+  const tg::Tensor u = tg::randn({130, 129}, f64);
+  const tg::Tensor mid = tg::randn({200, 1, 90}, f64), inner = tg::randn({200, 7, 1}, f64);
+  const tg::Tensor view = tg::randn({3, 1, 41, 5}, f64).narrow(2, 1, 40).narrow(3, 2, 3);  // offset, strided rows
+  // t's elements from x's storage, then t + u, t * u, t - u, t / u and t's copy, element by element.
+  const std::vector<double> xv = x.to_vector(), uv = u.to_vector();
+  std::vector<double> tv(xv.size()), sum(xv.size()), product(xv.size()), difference(xv.size()), quotient(xv.size());
+  for (size_t i = 0; i < 130; ++i)
+    for (size_t j = 0; j < 129; ++j) tv[i * 129 + j] = xv[j * 130 + i];
+  for (size_t k = 0; k < tv.size(); ++k) {
+    sum[k] = tv[k] + uv[k], product[k] = tv[k] * uv[k], difference[k] = tv[k] - uv[k], quotient[k] = tv[k] / uv[k];
+  }
+  CHECK(t.contiguous().to_vector() == tv);
+  CHECK((t + u).to_vector() == sum);
+  CHECK((t * u).to_vector() == product);
+  CHECK((t - u).to_vector() == difference);
+  CHECK((t / u).to_vector() == quotient);
+  // Broadcast along the middle dim ([200,1,90] over 7) and the inner one ([200,7,1] over 90): 126000 elements.
+  const tg::Tensor big = tg::randn({200, 7, 90}, f64);
+  const std::vector<double> bv = big.to_vector(), mv = mid.to_vector(), iv = inner.to_vector();
+  std::vector<double> want(bv.size());
+  for (int64_t b = 0; b < 200; ++b)
+    for (int64_t r = 0; r < 7; ++r)
+      for (int64_t c = 0; c < 90; ++c) {
+        const size_t k = static_cast<size_t>((b * 7 + r) * 90 + c);
+        want[k] = bv[k] * mv[static_cast<size_t>(b * 90 + c)] + iv[static_cast<size_t>(b * 7 + r)];
+      }
+  CHECK((big * mid + inner).to_vector() == want);
+  // A narrowed view with a size-1 dim: its copy element by element.
+  const std::vector<double> whole = view.contiguous().to_vector();
+  std::vector<double> by_index;
+  for (int64_t a = 0; a < 3; ++a)
+    for (int64_t r = 0; r < 40; ++r)
+      for (int64_t c = 0; c < 3; ++c) by_index.push_back(view.narrow(0, a, 1).narrow(2, r, 1).narrow(3, c, 1).item());
+  CHECK(whole == by_index);
+}
+
 // The untracked in-place add behind linear_fp16's bias: b broadcast over
 // dst's rows, dst both an input and the output.
 TEST_CASE("forward/add_into adds a broadcast operand in place") {
