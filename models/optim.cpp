@@ -25,6 +25,9 @@ int64_t checked_step(const std::string& op, const std::string& key, const Tensor
   return static_cast<int64_t>(v);
 }
 
+// The hyperparameters that must be finite and >= 0 (lr, momentum, eps, weight_decay).
+bool finite_nonnegative(double v) { return std::isfinite(v) && v >= 0; }
+
 }  // namespace
 
 // ---- Optimizer
@@ -43,7 +46,7 @@ Optimizer::Optimizer(std::vector<Tensor> params, double lr, const char* name)
 }
 
 void Optimizer::set_lr(double lr) {
-  TG_CHECK(std::isfinite(lr) && lr >= 0, name_, ": lr must be finite and >= 0, got ", lr);
+  TG_CHECK(finite_nonnegative(lr), name_, ": lr must be finite and >= 0, got ", lr);
   lr_ = lr;
 }
 
@@ -91,9 +94,8 @@ void Optimizer::load_state_dict(const StateDict& dict) {
 
 SGD::SGD(std::vector<Tensor> params, const SGDOptions& options)
     : Optimizer(std::move(params), options.lr, "SGD"), options_(options) {
-  TG_CHECK(std::isfinite(options.momentum) && options.momentum >= 0 && std::isfinite(options.weight_decay) &&
-               options.weight_decay >= 0,
-           "SGD: momentum ", options.momentum, " and weight_decay ", options.weight_decay, " must be finite and >= 0");
+  TG_CHECK(finite_nonnegative(options.momentum) && finite_nonnegative(options.weight_decay), "SGD: momentum ",
+           options.momentum, " and weight_decay ", options.weight_decay, " must be finite and >= 0");
 }
 
 std::vector<std::string> SGD::buffer_names() const {
@@ -130,8 +132,8 @@ AdamW::AdamW(std::vector<Tensor> params, const AdamWOptions& options)
   const auto& o = options;
   TG_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, "AdamW: betas must be in [0, 1), got (",
            o.beta1, ", ", o.beta2, ")");
-  TG_CHECK(std::isfinite(o.eps) && o.eps >= 0 && std::isfinite(o.weight_decay) && o.weight_decay >= 0, "AdamW: eps ",
-           o.eps, " and weight_decay ", o.weight_decay, " must be finite and >= 0");
+  TG_CHECK(finite_nonnegative(o.eps) && finite_nonnegative(o.weight_decay), "AdamW: eps ", o.eps, " and weight_decay ",
+           o.weight_decay, " must be finite and >= 0");
 }
 
 std::vector<std::string> AdamW::buffer_names() const { return {"exp_avg", "exp_avg_sq"}; }

@@ -317,7 +317,6 @@ void FusedAttentionKernels<Device::CUDA>::forward(const AttentionInputs& in, con
                                                   MatmulPrecision precision) {
   using namespace cuda;
   if (in.d.B * in.d.H * in.d.S == 0) return;
-  check_cuda_batch_heads("fused_attention", in.d.B, in.d.H);
   for (const auto& [t, name] : {std::pair{&in.q, "q"}, {&in.k, "k"}, {&in.v, "v"}}) check_rows(name, *t);
   if (precision == MatmulPrecision::High) launch_forward<Fp16>(in, o, lse);
   else launch_forward<Tf32x3>(in, o, lse);
@@ -377,7 +376,6 @@ void FusedAttentionKernels<Device::CUDA>::backward(const AttentionInputs& in, co
       if (t->defined()) fill_into(*t, 0.0);
     return;
   }
-  check_cuda_batch_heads("fused_attention_backward", in.d.B, in.d.H);
   const bool half_qkv = !in.qkv_half.matrices.empty();  // fp16 copies read (in training q, k, v undefined then)
   for (const auto& [t, name] : {std::pair{&in.q, "q"}, {&in.k, "k"}, {&in.v, "v"}, {&g.dq, "dq"}, {&g.dk, "dk"},
                                 {&g.dv, "dv"}})

@@ -21,6 +21,8 @@ struct AttentionDims {
 };
 
 // The CUDA kernels' grids hold the (b, h) pairs in blockIdx.y, at most 65535.
+// Checked by the ops' argument checks (check_core_args, check_backward_args),
+// before anything runs, so the kernels' launchers do not check it again.
 inline void check_cuda_batch_heads(const char* op, int64_t B, int64_t H) {
   TG_CHECK(B * H <= 65535, op, ": batch ", B, " x heads ", H, " = ", B * H,
            " exceeds the CUDA kernels' limit of 65535 (b, h) pairs");
