@@ -1,58 +1,33 @@
 // bench/cpu_maps: the CPU's elementwise maps (core/cpu_loops.h) at the toy
 // model's activation size (32 x 64 x 128 floats) in the three ways its
 // operands are read: both contiguous, one broadcast along a dim, and a
-// permuted view copied out. The peer is Eigen (the CPU backend's library)
-// doing the same work on the same inputs in the same run, single-threaded as
-// Eigen's coefficient-wise expressions are; the floor is the bytes each case
-// must move at the copy bandwidth measured here (one tensor copied cold by
-// std::memcpy on each of tapegrad's threads).
+// permuted view copied out; and GELU, the MLP's activation, whose tanh runs
+// in lanes of Eigen arrays (ops/elementwise.cpp). The peer is Eigen (the
+// CPU backend's library) doing the same work on the same inputs in the same
+// run, single-threaded as Eigen's coefficient-wise expressions are; the floor
+// is the bytes each case must move at the copy bandwidth measured here (one
+// tensor copied cold by std::memcpy on each of tapegrad's threads).
 //
-// Method: 10 warm-up runs, 50 timed runs (a steady clock), the caches flushed
-// before each (a 64 MiB buffer written), the median reported.
+// Method: bench/cpu_timing.h (10 warm-up runs, 50 timed runs, the caches
+// flushed before each, the median).
 //
 // Usage: cpu_maps
 #include <Eigen/Core>
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <functional>
 #include <vector>
 
+#include "bench/cpu_timing.h"
+#include "ops/elementwise_kernels.h"
 #include "tapegrad.h"
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 namespace {
 
-constexpr int kWarmup = 10, kRuns = 50;
-constexpr size_t kFlushFloats = size_t(16) << 20;  // 64 MiB, beyond the caches
-
-std::vector<float> flush_buffer(kFlushFloats);
-
-double median_us(const std::function<void()>& fn) {
-  for (int i = 0; i < kWarmup; ++i) fn();
-  std::vector<double> us;
-  for (int i = 0; i < kRuns; ++i) {
-    std::fill(flush_buffer.begin(), flush_buffer.end(), float(i));
-    const auto start = std::chrono::steady_clock::now();
-    fn();
-    us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count());
-  }
-  std::nth_element(us.begin(), us.begin() + kRuns / 2, us.end());
-  return us[kRuns / 2];
-}
-
+using tgbench::cpu_median_us;
+using tgbench::cpu_threads;
 using RowMajor = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-
-int cpu_threads() {
-#ifdef _OPENMP
-  return omp_get_max_threads();
-#else
-  return 1;
-#endif
-}
 
 }  // namespace
 
@@ -69,7 +44,7 @@ int main() {
     for (int64_t c = 0; c < n; c += chunk)
       std::memcpy(out.data() + c, source.data() + c, static_cast<size_t>(std::min(chunk, n - c)) * 4);
   };
-  const double copy_gbs = 8.0 * double(n) / (median_us(copy) * 1e3);
+  const double copy_gbs = 8.0 * double(n) / (cpu_median_us(copy) * 1e3);
   const auto* pa = a.data<float>();
   const auto* pb = b.data<float>();
   const auto* prow = row.data<float>();
@@ -92,6 +67,12 @@ int main() {
                Eigen::Map<const Eigen::ArrayXXf>(pa + i * S * C, C, S).colwise() +
                Eigen::Map<const Eigen::ArrayXf>(prow + i * C, C);
        }},
+      {"gelu, contiguous", 8.0 * double(n), [&] { tg::gelu(a); },
+       [&] {
+         const auto x = Eigen::Map<const Eigen::ArrayXf>(pa, n);
+         const float k0 = tg::math::kGeluK0, k1 = tg::math::kGeluK1;
+         Eigen::Map<Eigen::ArrayXf>(out.data(), n) = 0.5f * x * (1.f + (k0 * (x + k1 * x.cube())).tanh());
+       }},
       {"copy of a permuted view", 8.0 * double(n), [&] { permuted.contiguous(); },
        [&] {
          for (int64_t i = 0; i < B; ++i)
@@ -103,7 +84,7 @@ int main() {
               static_cast<long long>(n), cpu_threads(), copy_gbs);
   std::printf("%-32s %12s %10s %12s %8s %10s\n", "case", "tapegrad us", "Eigen us", "Eigen/tg", "GB/s", "of copy");
   for (const Case& c : cases) {
-    const double t = median_us(c.tapegrad), e = median_us(c.eigen), gbs = c.bytes / (t * 1e3);
+    const double t = cpu_median_us(c.tapegrad), e = cpu_median_us(c.eigen), gbs = c.bytes / (t * 1e3);
     std::printf("%-32s %12.1f %10.1f %12.2f %8.1f %9.0f%%\n", c.name, t, e, e / t, gbs, 100 * gbs / copy_gbs);
   }
 }

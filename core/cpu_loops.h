@@ -6,10 +6,22 @@
 
 #include "core/dispatch.h"
 #include "core/map_args.h"
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 namespace tg::cpu {
 
 constexpr int64_t kParallelGrain = 1 << 14;
+
+// The threads an OpenMP loop runs on (1 without OpenMP).
+inline int threads() {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
 
 template <class F>
 void parallel_for(int64_t n, const F& f) {
@@ -37,21 +49,25 @@ void map_run(const MapArgs<T, N>& a, const F& f, int64_t begin, int64_t end) {
   }
 }
 
-// out[i] = f(in0[i], ...) in blocks of kMapBlock elements (in parallel when
-// large), each block cut into runs at the rows' ends.
+// f(begin, end) over [0, n) in blocks of kMapBlock elements, in parallel when n is large.
 constexpr int64_t kMapBlock = 4096;
+template <class F>
+void for_each_block(int64_t n, const F& f) {
+  const int64_t blocks = (n + kMapBlock - 1) / kMapBlock;
+#pragma omp parallel for if (n >= kParallelGrain)
+  for (int64_t b = 0; b < blocks; ++b) f(b * kMapBlock, std::min(n, (b + 1) * kMapBlock));
+}
+
+// out[i] = f(in0[i], ...) by blocks, each cut into runs at the rows' ends.
 template <class T, int N, class F>
 void map(const MapArgs<T, N>& a, const F& f) {
-  const int64_t blocks = (a.n + kMapBlock - 1) / kMapBlock;
-#pragma omp parallel for if (a.n >= kParallelGrain)
-  for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t end = std::min(a.n, (b + 1) * kMapBlock);
-    for (int64_t i = b * kMapBlock; i < end;) {
+  for_each_block(a.n, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end;) {
       const int64_t row_end = std::min(end, (i / a.inner + 1) * a.inner);
       map_run(a, f, i, row_end);
       i = row_end;
     }
-  }
+  });
 }
 
 }  // namespace tg::cpu

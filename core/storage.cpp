@@ -1,6 +1,9 @@
 #include "core/storage.h"
 
 #include <unistd.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include <algorithm>
 #include <new>
@@ -23,6 +26,21 @@ std::size_t host_memory_bytes() {
       static_cast<std::size_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
   return bytes;
 }
+// glibc hands a freed block of 128 KB or more back to the kernel (an mmap'd
+// block, or the heap's top trimmed), and the kernel zero-fills its pages again
+// at their next first touch: activations freed and allocated anew every
+// training step then cost page faults (10% of the main demo's samples, the
+// demo 1.7x slower: bench/NOTES.md "CPU demo"). From the first CPU tensor on,
+// blocks up to 32 MiB (glibc's largest setting) come from the heap and up to
+// 1 GiB of it stays free for reuse, as a caching allocator keeps them. A
+// program that wants otherwise may call mallopt after that.
+void keep_freed_host_memory() {
+#ifdef __GLIBC__
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+#endif
+}
+
 }  // namespace
 
 bool built_with_cuda() {
@@ -36,6 +54,8 @@ bool built_with_cuda() {
 Storage::Storage(std::size_t nbytes, Device device) : nbytes_(nbytes), device_(device) {
   if (device == Device::CPU) {
     TG_CHECK(nbytes <= host_memory_bytes(), "more than the ", host_memory_bytes(), " bytes of host memory");
+    static const bool kept = (keep_freed_host_memory(), true);
+    (void)kept;
     // Exactly nbytes (not rounded up): AddressSanitizer then sees a write one past the end.
     data_ = ::operator new(std::max<std::size_t>(nbytes, 1), std::align_val_t{kCpuAlignment}, std::nothrow);
     TG_CHECK(data_, "out of host memory");

@@ -1,6 +1,7 @@
 // Elementwise ops with NumPy broadcasting. Gradient rules (y = output, g = dL/dy);
 // each formula is written once, in ops/elementwise_kernels.h, and used by both
-// the CPU loop and the CUDA kernel:
+// the CPU loop (on contiguous operands over lanes of Eigen arrays) and the
+// CUDA kernel:
 //
 //   op          forward                      gradient                                 saves
 //   add(a, b)   a + b                        a <- sum_to(g)        b <- sum_to(g)      nothing

@@ -37,48 +37,67 @@ constexpr Reads derivative_reads(UnaryOp op) {
   return Reads::Input;
 }
 
-template <class T>
-TG_HD T sigmoid(T x) { return T(1) / (T(1) + std::exp(-x)); }
+// The functions the formulas below call, for a value type V: a scalar (on
+// either device) or, on the CPU, a short Eigen array of lanes, for which
+// ops/elementwise.cpp specializes Fn (there tanh is Eigen's vectorized one:
+// libm's works one element at a time).
+template <class V>
+struct Fn {
+  template <class T>
+  TG_HD static V constant(T c) { return V(c); }
+  TG_HD static V exp(const V& x) { return std::exp(x); }
+  TG_HD static V log(const V& x) { return std::log(x); }
+  TG_HD static V sqrt(const V& x) { return std::sqrt(x); }
+  TG_HD static V tanh(const V& x) { return std::tanh(x); }
+  TG_HD static V relu(const V& x) { return x < V(0) ? V(0) : x; }  // NaN stays NaN, as in PyTorch
+  TG_HD static V step(const V& x) { return x > V(0) ? V(1) : V(0); }  // [x > 0]
+};
 
-template <class T>
-TG_HD T unary_forward(UnaryOp op, T x, T c) {
+template <class T, class V>
+TG_HD V sigmoid(const V& x) { return T(1) / (T(1) + Fn<V>::exp(-x)); }
+
+// y = op(x) for x of value type V (a scalar, or lanes of scalars T).
+template <class T, class V>
+TG_HD V unary_forward(UnaryOp op, const V& x, T c) {
+  using F = Fn<V>;
   switch (op) {
-    case UnaryOp::Neg: return -x;
+    case UnaryOp::Neg: return T(-1) * x;  // exact; keeps -0 where Eigen's 0 - x lanes would not
     case UnaryOp::MulScalar: return c * x;
     case UnaryOp::AddScalar: return x + c;
-    case UnaryOp::Exp: return std::exp(x);
-    case UnaryOp::Log: return std::log(x);
-    case UnaryOp::Sqrt: return std::sqrt(x);
-    case UnaryOp::Tanh: return std::tanh(x);
-    case UnaryOp::Relu: return x < T(0) ? T(0) : x;  // NaN stays NaN, as in PyTorch
-    case UnaryOp::Gelu: return T(0.5) * x * (T(1) + std::tanh(T(kGeluK0) * (x + T(kGeluK1) * x * x * x)));
-    case UnaryOp::Silu: return x * sigmoid(x);
+    case UnaryOp::Exp: return F::exp(x);
+    case UnaryOp::Log: return F::log(x);
+    case UnaryOp::Sqrt: return F::sqrt(x);
+    case UnaryOp::Tanh: return F::tanh(x);
+    case UnaryOp::Relu: return F::relu(x);
+    case UnaryOp::Gelu: return T(0.5) * x * (T(1) + F::tanh(T(kGeluK0) * (x + T(kGeluK1) * x * x * x)));
+    case UnaryOp::Silu: return x * sigmoid<T>(x);
   }
   return x;
 }
 
 // dy/dx, given v = y or x as derivative_reads(op) says (ignored for constants).
-template <class T>
-TG_HD T unary_derivative(UnaryOp op, T v, T c) {
+template <class T, class V>
+TG_HD V unary_derivative(UnaryOp op, const V& v, T c) {
+  using F = Fn<V>;
   switch (op) {
-    case UnaryOp::Neg: return T(-1);
-    case UnaryOp::MulScalar: return c;
-    case UnaryOp::AddScalar: return T(1);
+    case UnaryOp::Neg: return F::constant(T(-1));
+    case UnaryOp::MulScalar: return F::constant(c);
+    case UnaryOp::AddScalar: return F::constant(T(1));
     case UnaryOp::Exp: return v;
     case UnaryOp::Log: return T(1) / v;
     case UnaryOp::Sqrt: return T(0.5) / v;
     case UnaryOp::Tanh: return T(1) - v * v;
-    case UnaryOp::Relu: return v > T(0) ? T(1) : T(0);
+    case UnaryOp::Relu: return F::step(v);
     case UnaryOp::Gelu: {
-      const T t = std::tanh(T(kGeluK0) * (v + T(kGeluK1) * v * v * v));
+      const V t = F::tanh(T(kGeluK0) * (v + T(kGeluK1) * v * v * v));
       return T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) * T(kGeluK0) * (T(1) + T(3 * kGeluK1) * v * v);
     }
     case UnaryOp::Silu: {
-      const T s = sigmoid(v);
+      const V s = sigmoid<T>(v);
       return s * (T(1) + v * (T(1) - s));
     }
   }
-  return T(0);
+  return F::constant(T(0));
 }
 
 template <class T>
@@ -92,18 +111,21 @@ TG_HD T binary_forward(BinaryOp op, T a, T b) {
   return a;
 }
 
+// Unary maps, on scalars or lanes of them (V).
 template <class T>
 struct UnaryForward {
   UnaryOp op;
   T c;
-  TG_HD T operator()(T x) const { return unary_forward(op, x, c); }
+  template <class V>
+  TG_HD V operator()(const V& x) const { return unary_forward(op, x, c); }
 };
 
 template <class T>
 struct UnaryBackward {  // (g, v) -> g * dy/dx
   UnaryOp op;
   T c;
-  TG_HD T operator()(T g, T v) const { return g * unary_derivative(op, v, c); }
+  template <class V>
+  TG_HD V operator()(const V& g, const V& v) const { return g * unary_derivative(op, v, c); }
 };
 
 template <class T>
@@ -133,6 +155,13 @@ void with_binary_op(BinaryOp op, const F& f) {
 
 }  // namespace math
 
+namespace cpu {
+// The CPU's unary maps where every operand is contiguous, in lanes of Eigen
+// arrays (ops/elementwise.cpp); false, with nothing done, where one is not.
+bool unary_forward_in_lanes(UnaryOp op, double c, const Tensor& x, const Tensor& out);
+bool unary_backward_in_lanes(UnaryOp op, double c, const Tensor& g, const Tensor& v, const Tensor& out);
+}  // namespace cpu
+
 // Kernels on tensors already broadcast to out's shape; out is contiguous.
 template <Device D>
 struct ElementwiseKernels {
@@ -144,6 +173,8 @@ TG_EXTERN_CUDA_KERNELS(ElementwiseKernels);
 
 template <Device D>
 void ElementwiseKernels<D>::unary_forward(UnaryOp op, double c, const Tensor& x, const Tensor& out) {
+  if constexpr (D == Device::CPU)
+    if (cpu::unary_forward_in_lanes(op, c, x, out)) return;
   const Loop<D> loop{"unary"};
   TG_DISPATCH_FLOAT(x.dtype(), T, [&] {
     loop.map(make_map_args<T, 1>(loop.op, out, {x}), math::UnaryForward<T>{op, static_cast<T>(c)});
@@ -152,6 +183,8 @@ void ElementwiseKernels<D>::unary_forward(UnaryOp op, double c, const Tensor& x,
 
 template <Device D>
 void ElementwiseKernels<D>::unary_backward(UnaryOp op, double c, const Tensor& g, const Tensor& v, const Tensor& out) {
+  if constexpr (D == Device::CPU)
+    if (cpu::unary_backward_in_lanes(op, c, g, v, out)) return;
   const Loop<D> loop{"unary_backward"};
   TG_DISPATCH_FLOAT(g.dtype(), T, [&] {
     loop.map(make_map_args<T, 2>(loop.op, out, {g, v}), math::UnaryBackward<T>{op, static_cast<T>(c)});

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "autograd/engine.h"
+#include "core/cpu_loops.h"
 #include "core/indexing.h"
 #include "core/pack.h"
 #include "ops/elementwise.h"
@@ -89,26 +90,53 @@ Tensor with_batch(const char* op, const Tensor& x, const Shape& out_shape) {
 
 namespace {
 
+// f(an Eigen map of m at offset, rows x cols): row- or column-major as m's
+// BLAS layout is (blas_layout_ok), with a unit inner stride known at compile
+// time, which Eigen's GEMM reads in place (a map with a run-time inner stride
+// it would first copy).
+template <class T, class F>
+void with_eigen_map(const GemmMatrix& m, int64_t offset, int64_t rows, int64_t cols, const F& f) {
+  const auto map = [&](auto order, int64_t ld) {
+    using Matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, decltype(order)::value>;
+    return Eigen::Map<const Matrix, 0, Eigen::OuterStride<>>(static_cast<const T*>(m.ptr) + offset, rows, cols,
+                                                              Eigen::OuterStride<>(ld));
+  };
+  if (m.col_stride == 1) return f(map(std::integral_constant<int, Eigen::RowMajor>{}, m.row_stride));
+  f(map(std::integral_constant<int, Eigen::ColMajor>{}, m.col_stride));
+}
+
+constexpr int64_t kSmallProduct = int64_t(1) << 18;  // n m k of 64 x 64 x 64
+
 template <class T>
 void gemm_typed(const GemmProblem& p) {
-  using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-  using Strides = Eigen::Stride<Eigen::Dynamic, Eigen::Dynamic>;
-  using ConstMap = Eigen::Map<const Mat, 0, Strides>;
-  using Map = Eigen::Map<Mat, 0, Strides>;
+  using Out = Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>, 0, Eigen::OuterStride<>>;
+  TG_CHECK(p.c.col_stride == 1, "matmul: the output's matrices must have a unit column stride, got ", p.c.col_stride);
   Shape sizes, sa, sb, sc;
   for (const GemmBatchDim& d : p.batch) {
     sizes.push_back(d.size), sa.push_back(d.stride_a), sb.push_back(d.stride_b), sc.push_back(d.stride_c);
   }
   const StridedIndexer ia = make_indexer("matmul", sizes, sa), ib = make_indexer("matmul", sizes, sb),
                        ic = make_indexer("matmul", sizes, sc);
-  for (int64_t i = 0; i < numel(sizes); ++i) {
-    ConstMap A(static_cast<const T*>(p.a.ptr) + ia.offset(i), p.n, p.k, Strides(p.a.row_stride, p.a.col_stride));
-    ConstMap B(static_cast<const T*>(p.b.ptr) + ib.offset(i), p.k, p.m, Strides(p.b.row_stride, p.b.col_stride));
-    Map C(static_cast<T*>(p.c.ptr) + ic.offset(i), p.n, p.m, Strides(p.c.row_stride, p.c.col_stride));
+  const auto product = [&](int64_t i) {
+    Out C(static_cast<T*>(p.c.ptr) + ic.offset(i), p.n, p.m, Eigen::OuterStride<>(p.c.row_stride));
     if (p.beta == 0.0) C.setZero();
     else C *= static_cast<T>(p.beta);
-    C.noalias() += A * B;
+    with_eigen_map<T>(p.a, ia.offset(i), p.n, p.k, [&](const auto& A) {
+      with_eigen_map<T>(p.b, ib.offset(i), p.k, p.m, [&](const auto& B) { C.noalias() += A * B; });
+    });
+  };
+  // Products run one per thread where the batch fills the threads or each is
+  // below kSmallProduct (which Eigen would not split well); else
+  // one after another, each on Eigen's own threads. (Not one loop with an `if`
+  // clause: its one-thread region made Eigen's threads a nested team, 2x slower.)
+  const int64_t batch = numel(sizes);
+  const bool per_thread = batch > 1 && (batch >= cpu::threads() || p.n * p.m * p.k < kSmallProduct);
+  if (!per_thread) {
+    for (int64_t i = 0; i < batch; ++i) product(i);
+    return;
   }
+#pragma omp parallel for
+  for (int64_t i = 0; i < batch; ++i) product(i);
 }
 
 }  // namespace

@@ -3,10 +3,36 @@
 #pragma once
 #include "helpers.h"
 #include "op_table.h"
+#ifdef TG_CUDA
+#include "core/cuda_context.h"
+#endif
 
 namespace tgtest {
 
 inline const bool kNoGpu = !tg::cuda::is_available();
+
+// The device's compute capability is 9.0 (H100, H200: the warpgroup-MMA
+// kernels run there) and its SM count; without the CUDA backend (a CPU-only
+// build, whose GPU tests are all skipped) false and 0.
+inline bool on_sm90() {
+#ifdef TG_CUDA
+  return tg::cuda::context().major == 9 && tg::cuda::context().minor == 0;
+#else
+  return false;
+#endif
+}
+inline int sm_count() {
+#ifdef TG_CUDA
+  return tg::cuda::context().sm_count;
+#else
+  return 0;
+#endif
+}
+#ifdef TG_CUDA
+bool wgmma_supported();  // tests/wgmma_probe.cu: the device runs the warpgroup MMA probe's products
+#else
+inline bool wgmma_supported() { return false; }
+#endif
 
 // Sets the float32 matmul precision for a scope and restores the previous one.
 class PrecisionScope {

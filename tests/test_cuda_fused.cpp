@@ -14,9 +14,6 @@
 #include "capi/c_api_internal.h"
 #include "ops/fused_attention_kernels.h"
 #include "include/tapegrad/c_api.h"
-#ifdef TG_CUDA
-#include "core/cuda_context.h"
-#endif
 
 using namespace tgtest;
 
@@ -89,7 +86,7 @@ void check_near_fp32(const Gradients& highest, const Gradients& ref32, const Gra
 // mma.sync one alone.
 std::vector<std::pair<std::string, Gradients>> by_kernel(const std::function<Gradients()>& run) {
   std::vector<std::pair<std::string, Gradients>> out;
-  if (tg::cuda::context().major == 9 && tg::cuda::context().minor == 0) out.emplace_back("warpgroup", run());
+  if (tgtest::on_sm90()) out.emplace_back("warpgroup", run());
   tg::cuda::enable_warpgroup_attention(false);
   out.emplace_back("mma.sync", run());
   tg::cuda::enable_warpgroup_attention(true);
@@ -669,6 +666,7 @@ TEST_CASE("fused/qkv projection in the node at high: an expanded qkv bias gives 
   CHECK(max_abs_diff(o_view, o_copy) == 0.0);
 }
 
+#ifdef TG_CUDA  // the CUDA kernels' residency, which a CPU-only build lacks
 // Each backward kernel keeps the CTAs per SM its layout plans for
 // (backward_grid counts waves with them): registers and shared memory, the
 // kernel's static block-reduction partials included, leave room for them on
@@ -676,7 +674,7 @@ TEST_CASE("fused/qkv projection in the node at high: an expanded qkv bias gives 
 // every kernel the interface and the training path run there (the warpgroup
 // ones and, with enable_warpgroup_attention(false), the mma.sync ones).
 TEST_CASE("fused/backward kernels keep their planned CTAs per SM" * doctest::skip(kNoGpu)) {
-  const bool hopper = tg::cuda::context().major == 9 && tg::cuda::context().minor == 0;
+  const bool hopper = tgtest::on_sm90();
   for (const bool warpgroup : {true, false}) {
     tg::cuda::enable_warpgroup_attention(warpgroup);
     for (const auto precision : {tg::MatmulPrecision::High, tg::MatmulPrecision::Highest}) {
@@ -694,6 +692,7 @@ TEST_CASE("fused/backward kernels keep their planned CTAs per SM" * doctest::ski
   }
   tg::cuda::enable_warpgroup_attention(true);
 }
+#endif
 
 // The kernels' grids hold the (b, h) pairs in blockIdx.y (at most 65535): more
 // is a clear error before any output is written.

@@ -22,9 +22,6 @@
 #include "ops/binary_mask_kernels.h"
 #include "ops/matmul_kernels.h"
 #include "ops/untracked.h"
-#ifdef TG_CUDA
-#include "core/cuda_context.h"
-#endif
 
 using namespace tgtest;
 
@@ -174,7 +171,6 @@ TEST_CASE("cuda/gemm_fp16: TF32's accuracy at any magnitude, every transpose, tw
 
 #ifdef TG_CUDA
 namespace tgtest {
-bool wgmma_supported();                                               // tests/wgmma_probe.cu
 // c = a b^T, 64 x 64 x k; layouts: 0 no swizzle, 1 A with the 128-byte swizzle, 2 B, 3 both,
 // 4 A from registers (B without swizzle), 5 A from registers (B swizzled); B MN-major (imm-trans-b):
 // 6 MnMajor, 7 the same with A from registers, 8 MnMajorOfRows, 9 the same with A from registers;
@@ -450,7 +446,7 @@ TEST_CASE("cuda/gemm_fp16x3_warpgroup: the split GEMM kernel near fp32, every tr
     CAPTURE(t.rows);
     CAPTURE(t.depth);
     CAPTURE(magnitude);
-    if (tg::cuda::context().sm_count == 132)
+    if (tgtest::sm_count() == 132)
       CHECK(tg::split_gemm_stretches(t.rows, t.cols, t.depth, 132) == t.stretches);
     // Stored as gemm_fp16 reads them: A [rows, depth] or [depth, rows], B [depth, cols] or [cols, depth].
     const tg::Tensor a = tg::mul(t.ta ? tg::randn({t.depth, t.rows}) : tg::randn({t.rows, t.depth}), magnitude);
@@ -512,10 +508,9 @@ TEST_CASE("cuda/gemm_fp16: a workspace allocated before a fork, used in its side
     const int64_t floats = tg::gemm_fp16_workspace(split, 0, true, 1, false, alone);
     // The kernel where split_gemm_splits runs it (the product fits it): its
     // stretches after the first; else cuBLAS's 9 slices of 512, 8 at a time.
-    const tg::cuda::Context& ctx = tg::cuda::context();
-    const bool kernel = warpgroup && ctx.major == 9 && ctx.minor == 0;
+    const bool kernel = warpgroup && tgtest::on_sm90();
     const int64_t expected =
-        kernel ? (tg::split_gemm_stretches(392, 256, 4133, ctx.sm_count) - 1) * 392 * 256 : 8 * 392 * 256;
+        kernel ? (tg::split_gemm_stretches(392, 256, 4133, tgtest::sm_count()) - 1) * 392 * 256 : 8 * 392 * 256;
     REQUIRE(expected > 0);
     CHECK(floats == expected);
     tg::gemm_fp16_into(split, 0, true, 1, false, alone);
@@ -744,6 +739,8 @@ TEST_CASE("cuda/fork: side work between the fork point and the join; it cannot a
   CHECK(tg::empty({4}, cuda32).numel() == 4);
 }
 
+// The next two read the CUDA context and stream, which a CPU-only build lacks.
+#ifdef TG_CUDA
 // A Fork's side work may call cuBLAS: it gets the side workspace (outside
 // side work, the context's), so that GEMMs there and on the main stream at
 // the same time (long reductions, which cuBLAS splits over its workspace;
@@ -852,6 +849,7 @@ TEST_CASE("cuda/fork and graph replay: the side work below the critical path's p
   CHECK(seen[1] == std::max(greatest, least - 1));
   CHECK(replay.launches() == 2);  // the third call captured and launched, the fourth launched
 }
+#endif
 
 TEST_CASE("cuda/dropout: the mask is bit-identical to the CPU's" * doctest::skip(kNoGpu)) {
   const tg::PhiloxState rng{1234, 17};

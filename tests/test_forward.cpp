@@ -4,7 +4,10 @@
 // cannot see a bug shared by a forward and its backward (a wrong constant);
 // these can.
 #include <cmath>
+#include <functional>
+#include <iterator>
 #include <limits>
+#include <string>
 
 #include "helpers.h"
 #include "ops/matmul_kernels.h"
@@ -142,6 +145,101 @@ TEST_CASE("forward/elementwise maps over transposed, broadcast and offset operan
     for (int64_t r = 0; r < 40; ++r)
       for (int64_t c = 0; c < 3; ++c) by_index.push_back(view.narrow(0, a, 1).narrow(2, r, 1).narrow(3, c, 1).item());
   CHECK(whole == by_index);
+}
+
+// A unary op over contiguous operands runs on the CPU in lanes of Eigen
+// arrays (ops/elementwise.cpp: Eigen's vectorized tanh), over others element
+// by element. Both, forward and backward in float32, against the same op in
+// float64 on the same (float32) inputs, over 131 x 137 elements (in parallel
+// blocks, the last not a whole number of lanes) holding NaN, infinities,
+// signed zeros, tiny and large values; the strided case's gradient arrives
+// strided too. Against the float64 result rounded to float32: NaN where it is
+// NaN, the same infinities (float32's overflow included), a forward zero's
+// sign, else within 2^-20 of the size of the formula's terms, where they
+// cancel in float32 (1 + tanh u in gelu, 1 - y^2 in tanh's derivative) the
+// float64 value's size or more.
+TEST_CASE("forward/unary ops in float32 in lanes and element by element against float64, NaN and infinities kept") {
+  tg::manual_seed(45);
+  const int64_t rows = 131, cols = 137;
+  REQUIRE(rows * cols > (1 << 14));  // cpu::kParallelGrain: the blocks run in parallel
+  std::vector<double> values = tg::mul(tg::randn({rows * cols}, {tg::DType::Float64}), 3.0).to_vector();
+  const double specials[] = {std::nan(""), kInf, -kInf, 0.0, -0.0, 1e-30, -1e-30, 40.0, -40.0, 100.0, -100.0, 1e-3};
+  for (size_t k = 0; k < std::size(specials); ++k) {
+    values[k] = specials[k];
+    values[values.size() - 1 - k] = specials[k];  // in the tail, past the last whole lanes
+  }
+  for (double& v : values) v = static_cast<float>(v);
+  std::vector<double> transposed(values.size());  // the same matrix stored column by column
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) transposed[c * rows + r] = values[r * cols + c];
+  const tg::Tensor seed = tg::randn({rows, cols}).to(tg::DType::Float64);  // float32 values
+  const std::vector<double> seeds = seed.to_vector();
+  const tg::TensorOptions f32{tg::DType::Float32};
+  const auto leaf = [](const tg::Tensor& t) { return t.detach().requires_grad_(); };
+  // The float64 reference strided too, so that it runs element by element (libm's functions).
+  const tg::Tensor x64 = leaf(tg::from_vector(transposed, {cols, rows}, {tg::DType::Float64}).transpose(0, 1));
+  const tg::Tensor contiguous = leaf(tg::from_vector(values, {rows, cols}, f32));
+  const tg::Tensor strided = leaf(tg::from_vector(transposed, {cols, rows}, f32).transpose(0, 1));
+  REQUIRE(!strided.is_contiguous());
+  // y's backward with the seed's gradient strided, as element by element takes it.
+  const auto backward_strided = [](const tg::Tensor& y, const tg::Tensor& s) {
+    y.transpose(0, 1).backward(s.transpose(0, 1).contiguous());
+  };
+  using Terms = double (*)(double x);  // the size of a formula's terms at x, past its value's
+  const Terms none = [](double) { return 0.0; }, one = [](double) { return 1.0; };
+  const Terms x_size = [](double x) { return std::abs(x); }, x1 = [](double x) { return 1 + std::abs(x); };
+  const Terms cubic = [](double x) { return std::pow(1 + std::abs(x), 3); };
+  struct Case {
+    const char* name;
+    tg::Tensor (*op)(const tg::Tensor&);
+    Terms forward, derivative;
+  };
+  const Case cases[] = {{"neg", [](const tg::Tensor& x) { return tg::neg(x); }, none, none},
+                        {"mul", [](const tg::Tensor& x) { return tg::mul(x, 2.5); }, none, none},
+                        {"add", [](const tg::Tensor& x) { return tg::add(x, -1.5); }, none, none},
+                        {"exp", [](const tg::Tensor& x) { return tg::exp(x); }, none, none},
+                        {"log", [](const tg::Tensor& x) { return tg::log(x); }, none, none},
+                        {"sqrt", [](const tg::Tensor& x) { return tg::sqrt(x); }, none, none},
+                        {"tanh", [](const tg::Tensor& x) { return tg::tanh(x); }, none, one},
+                        {"relu", [](const tg::Tensor& x) { return tg::relu(x); }, none, none},
+                        {"gelu", [](const tg::Tensor& x) { return tg::gelu(x); }, x_size, cubic},
+                        {"silu", [](const tg::Tensor& x) { return tg::silu(x); }, none, x1}};
+  // got against want element by element; terms(i): the size of the terms at element i.
+  const auto check_against = [&](const tg::Tensor& got, const tg::Tensor& want, const std::function<double(size_t)>& terms,
+                                 bool signed_zeros) {
+    const auto g = got.to_vector();
+    std::vector<double> w = want.to_vector();
+    for (double& v : w) v = static_cast<float>(v);  // past float32's range: infinite
+    for (size_t i = 0; i < w.size(); ++i) {
+      CAPTURE(i);
+      CAPTURE(values[i]);
+      CAPTURE(w[i]);
+      CAPTURE(g[i]);
+      if (std::isnan(w[i]) || std::isinf(w[i])) {
+        CHECK((std::isnan(w[i]) ? std::isnan(g[i]) : g[i] == w[i]));
+        continue;
+      }
+      if (signed_zeros && w[i] == 0 && g[i] == 0) CHECK(std::signbit(g[i]) == std::signbit(w[i]));
+      CHECK(std::abs(g[i] - w[i]) <= 0x1p-20 * std::max(std::abs(w[i]), terms(i)) + 1e-37);
+    }
+  };
+  for (const Case& c : cases) {
+    const std::string name = c.name;
+    CAPTURE(name);
+    for (tg::Tensor x : {x64, contiguous, strided}) x.zero_grad();
+    const tg::Tensor y64 = c.op(x64);
+    backward_strided(y64, seed);
+    for (const tg::Tensor& x : {contiguous, strided}) {
+      const bool lanes = x.is_contiguous();
+      CAPTURE(lanes);
+      const tg::Tensor y = c.op(x);
+      check_against(y, y64, [&](size_t i) { return c.forward(values[i]); }, true);
+      const tg::Tensor seed32 = seed.to(tg::DType::Float32);
+      if (lanes) y.backward(seed32);
+      else backward_strided(y, seed32);
+      check_against(x.grad(), x64.grad(), [&](size_t i) { return std::abs(seeds[i]) * c.derivative(values[i]); }, false);
+    }
+  }
 }
 
 // The untracked in-place add behind linear_fp16's bias: b broadcast over

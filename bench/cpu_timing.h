@@ -1,0 +1,39 @@
+// The CPU benchmarks' timer: 10 warm-up runs, 50 timed runs (a steady clock)
+// with the caches flushed before each (a 64 MiB buffer written), the median.
+#pragma once
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <vector>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace tgbench {
+
+constexpr int kCpuWarmup = 10, kCpuRuns = 50;
+
+inline double cpu_median_us(const std::function<void()>& fn) {
+  static std::vector<float> flush(size_t(16) << 20);  // 64 MiB, beyond the caches
+  for (int i = 0; i < kCpuWarmup; ++i) fn();
+  std::vector<double> us;
+  for (int i = 0; i < kCpuRuns; ++i) {
+    std::fill(flush.begin(), flush.end(), float(i));
+    const auto start = std::chrono::steady_clock::now();
+    fn();
+    us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::nth_element(us.begin(), us.begin() + kCpuRuns / 2, us.end());
+  return us[kCpuRuns / 2];
+}
+
+// The threads tapegrad's CPU loops (and Eigen's GEMM) use.
+inline int cpu_threads() {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+}  // namespace tgbench
