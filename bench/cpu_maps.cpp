@@ -20,13 +20,14 @@
 #include <vector>
 
 #include "bench/cpu_timing.h"
+#include "core/cpu_loops.h"
 #include "ops/elementwise_kernels.h"
 #include "tapegrad.h"
 
 namespace {
 
 using tgbench::cpu_median_us;
-using tgbench::cpu_threads;
+using tg::cpu::threads;
 using RowMajor = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
 }  // namespace
@@ -38,7 +39,7 @@ int main() {
   const tg::Tensor permuted = tg::randn({B, C, S}).permute({0, 2, 1});  // [B, S, C], inner stride S
   std::vector<float> out(static_cast<size_t>(n)), source(static_cast<size_t>(n), 1.f);
   // The floor's bandwidth: one tensor copied cold, a memcpy per thread, as tapegrad's maps run.
-  const int64_t chunk = (n + cpu_threads() - 1) / cpu_threads();
+  const int64_t chunk = (n + threads() - 1) / threads();
   const auto copy = [&] {
 #pragma omp parallel for
     for (int64_t c = 0; c < n; c += chunk)
@@ -81,7 +82,7 @@ int main() {
        }},
   };
   std::printf("cpu_maps: %lld floats per tensor, %d threads (tapegrad, copy); copy bandwidth %.1f GB/s\n",
-              static_cast<long long>(n), cpu_threads(), copy_gbs);
+              static_cast<long long>(n), threads(), copy_gbs);
   std::printf("%-32s %12s %10s %12s %8s %10s\n", "case", "tapegrad us", "Eigen us", "Eigen/tg", "GB/s", "of copy");
   for (const Case& c : cases) {
     const double t = cpu_median_us(c.tapegrad), e = cpu_median_us(c.eigen), gbs = c.bytes / (t * 1e3);

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "bench/cpu_timing.h"
+#include "core/cpu_loops.h"
 #include "tapegrad.h"
 
 namespace {
@@ -56,7 +57,7 @@ int main() {
              ConstMap(x.data<float>(), rows, in) * ConstMap(w.data<float>(), out, in).transpose();
        }},
   };
-  std::printf("cpu_matmul: %d threads; a 1024^3 product at %.1f GFLOP/s (the floor's rate)\n", tgbench::cpu_threads(),
+  std::printf("cpu_matmul: %d threads; a 1024^3 product at %.1f GFLOP/s (the floor's rate)\n", tg::cpu::threads(),
               peak_gflops);
   std::printf("%-32s %12s %10s %12s %8s %10s\n", "case", "tapegrad us", "Eigen us", "Eigen/tg", "GFLOP/s", "of peak");
   for (const Case& c : cases) {

@@ -5,9 +5,6 @@
 #include <chrono>
 #include <functional>
 #include <vector>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 namespace tgbench {
 
@@ -25,15 +22,6 @@ inline double cpu_median_us(const std::function<void()>& fn) {
   }
   std::nth_element(us.begin(), us.begin() + kCpuRuns / 2, us.end());
   return us[kCpuRuns / 2];
-}
-
-// The threads tapegrad's CPU loops (and Eigen's GEMM) use.
-inline int cpu_threads() {
-#ifdef _OPENMP
-  return omp_get_max_threads();
-#else
-  return 1;
-#endif
 }
 
 }  // namespace tgbench
