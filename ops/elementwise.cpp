@@ -23,7 +23,9 @@ namespace math {
 // element at a time, took ~15% of the main demo's samples in GELU
 // (bench/NOTES.md "CPU demo"). exp, log and sqrt stay libm's, element by
 // element (Eigen's float exp gives 2^-126, not 0, below about -87, and its
-// fast sqrt NaN at infinity).
+// fast sqrt NaN at infinity); sigmoid, 1 / (1 + e^-x), takes Eigen's
+// vectorized exp, whose 2^-126 leaves it exactly 1 there (libm's expf one
+// element at a time made GELU 4.4x slower).
 template <class T, int L>
 struct Fn<Eigen::Array<T, L, 1>> {
   using V = Eigen::Array<T, L, 1>;
@@ -32,6 +34,7 @@ struct Fn<Eigen::Array<T, L, 1>> {
   static V log(const V& x) { return x.unaryExpr([](T v) { return std::log(v); }); }
   static V sqrt(const V& x) { return x.unaryExpr([](T v) { return std::sqrt(v); }); }
   static V tanh(const V& x) { return x.tanh(); }
+  static V sigmoid(const V& x) { return (T(1) + (-x).exp()).inverse(); }
   static V relu(const V& x) { return (x < T(0)).select(T(0), x); }  // NaN stays NaN
   static V step(const V& x) { return (x > T(0)).template cast<T>(); }
 };

@@ -16,8 +16,8 @@
 //   sqrt(x)     x^(1/2)                      x <- g / (2 y)                           y
 //   tanh(x)     tanh x                       x <- g (1 - y^2)                         y
 //   relu(x)     max(x, 0) (NaN stays NaN)    x <- g [x > 0]                           x
-//   gelu(x)     x/2 (1 + tanh u), u = k0 (x + k1 x^3)
-//                                            x <- g (1/2 (1 + tanh u) + x/2 (1 - tanh^2 u) k0 (1 + 3 k1 x^2))   x
+//   gelu(x)     x/2 (1 + tanh u) = x p, u = k0 (x + k1 x^3), p = sigmoid(2u), q = sigmoid(-2u)
+//                                            x <- g (p + 2 x p q k0 (1 + 3 k1 x^2))   x
 //   silu(x)     x s, s = sigmoid(x)          x <- g s (1 + x (1 - s))                 x
 #pragma once
 #include "core/tensor.h"
