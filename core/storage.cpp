@@ -29,14 +29,14 @@ std::size_t host_memory_bytes() {
 // glibc hands a freed block of 128 KB or more back to the kernel (an mmap'd
 // block, or the heap's top trimmed), and the kernel zero-fills its pages again
 // at their next first touch: activations freed and allocated anew every
-// training step then cost page faults (10% of the main demo's samples; the
-// demo 1.6x slower in a CPU-only build, 1.14x in a CUDA build: bench/NOTES.md
-// "CPU demo"). From the first CPU tensor on,
-// blocks up to 32 MiB (glibc's largest setting) come from the heap and up to
-// 1 GiB of it stays free for reuse, as a caching allocator keeps them (the
-// demo's peak resident memory: 161 MB either way in a CPU-only build, 348-360
-// -> 375 MB in a CUDA build, whose libraries take ~200 MB of it). A program
-// that wants otherwise may call mallopt after that.
+// training step then cost page faults (10% of the main demo's samples; the demo
+// 1.6x slower in a CPU-only build, 1.14x in a CUDA build: bench/NOTES.md "CPU
+// demo"). From the first CPU tensor on, blocks up to 32 MiB (glibc's largest
+// setting) come from the heap and up to 1 GiB of it stays free for reuse, as a
+// caching allocator keeps them (the demo's peak resident memory: 161 MB either
+// way in a CPU-only build, 348-360 -> 375 MB in a CUDA build, whose libraries
+// take ~200 MB of it). A program that wants otherwise may call mallopt after
+// that.
 void keep_freed_host_memory() {
 #ifdef __GLIBC__
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
