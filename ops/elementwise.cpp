@@ -18,14 +18,15 @@ namespace math {
 
 // The formulas of ops/elementwise_kernels.h on lanes: Eigen arrays of a cache
 // line of floats or doubles. Their tanh is Eigen's vectorized one in float
-// (within ~2.2 ulp, NaN kept, exactly +-1 from |x| ~ 8 where libm's tanhf
-// reaches it at ~9; in double Eigen 3.4 calls libm's): libm's tanhf, one
-// element at a time, took ~15% of the main demo's samples in GELU
-// (bench/NOTES.md "CPU demo"). exp, log and sqrt stay libm's, element by
-// element (Eigen's float exp gives 2^-126, not 0, below about -87, and its
-// fast sqrt NaN at infinity); sigmoid, 1 / (1 + e^-x), takes Eigen's
-// vectorized exp, whose 2^-126 leaves it exactly 1 there (libm's expf one
-// element at a time made GELU 4.4x slower).
+// (a few ulp, NaN kept, exactly +-1 from |x| ~ 8 where libm's tanhf reaches
+// it at ~9; in double Eigen 3.4 calls libm's): libm's tanhf, one element at a
+// time, had taken ~15% of the main demo's samples in GELU (bench/NOTES.md
+// "CPU demo"; GELU is now written with sigmoid). exp, log and sqrt stay
+// libm's, element by element (Eigen's float exp gives ~2^-128, not 0, below
+// -88.72, and its fast sqrt NaN at infinity); sigmoid, 1 / (1 + e^-x), takes
+// Eigen's vectorized exp, whose ~2^-128 leaves it exactly 1 there and whose
+// infinity above 88.72 exactly 0 (libm's expf one element at a time made
+// GELU 4.4x slower).
 template <class T, int L>
 struct Fn<Eigen::Array<T, L, 1>> {
   using V = Eigen::Array<T, L, 1>;
