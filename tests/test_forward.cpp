@@ -197,17 +197,18 @@ TEST_CASE("forward/unary ops in float32 in lanes and element by element against 
   // gelu: x p and p + 2 x p q u' (ops/elementwise_kernels.h), p = sigmoid(2u)
   // and q = sigmoid(-2u). e^(+-2u) turns 2u's float32 rounding into a
   // relative error |2u| times as large, which reaches p as |2u| q and q as
-  // |2u| p; and p flushes to 0 below ~2^-128 (where e^-2u overflows), an
-  // absolute error the terms carry as 2^-108 (the check scales them by 2^-20).
+  // |2u| p; and p flushes to 0 below ~2^-128 (where e^-2u overflows, so q is
+  // 1), an absolute error the terms carry as q 2^-108 (the check scales them
+  // by 2^-20).
   const Terms gelu_forward = [](double x) {
     const double u = tg::math::gelu_u<double>(x), p = 1 / (1 + std::exp(-2 * u)), q = 1 / (1 + std::exp(2 * u));
-    return std::abs(x * p) * (1 + std::abs(2 * u) * q) + std::abs(x) * 0x1p-108;
+    return std::abs(x * p) * (1 + std::abs(2 * u) * q) + std::abs(x) * q * 0x1p-108;
   };
   const Terms gelu_derivative = [](double x) {
     const double u = tg::math::gelu_u<double>(x), p = 1 / (1 + std::exp(-2 * u)), q = 1 / (1 + std::exp(2 * u));
     const double du = tg::math::kGeluK0 * (1 + 3 * tg::math::kGeluK1 * x * x);
     return p * (1 + std::abs(2 * u) * q) + std::abs(2 * x * p * q * du) * (1 + std::abs(2 * u)) +
-           (1 + 2 * std::abs(x) * du) * 0x1p-108;
+           (1 + 2 * std::abs(x) * du) * q * 0x1p-108;
   };
   struct Case {
     const char* name;
