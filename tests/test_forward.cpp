@@ -200,15 +200,20 @@ TEST_CASE("forward/unary ops in float32 in lanes and element by element against 
   // |2u| p; and p flushes to 0 below ~2^-128 (where e^-2u overflows, so q is
   // 1), an absolute error the terms carry as q 2^-108 (the check scales them
   // by 2^-20).
+  struct Gelu {  // at x, in float64
+    double u, p, q, du;
+    explicit Gelu(double x)
+        : u(tg::math::gelu_u<double>(x)), p(1 / (1 + std::exp(-2 * u))), q(1 / (1 + std::exp(2 * u))),
+          du(tg::math::kGeluK0 * (1 + 3 * tg::math::kGeluK1 * x * x)) {}
+  };
   const Terms gelu_forward = [](double x) {
-    const double u = tg::math::gelu_u<double>(x), p = 1 / (1 + std::exp(-2 * u)), q = 1 / (1 + std::exp(2 * u));
-    return std::abs(x * p) * (1 + std::abs(2 * u) * q) + std::abs(x) * q * 0x1p-108;
+    const Gelu g(x);
+    return std::abs(x * g.p) * (1 + std::abs(2 * g.u) * g.q) + std::abs(x) * g.q * 0x1p-108;
   };
   const Terms gelu_derivative = [](double x) {
-    const double u = tg::math::gelu_u<double>(x), p = 1 / (1 + std::exp(-2 * u)), q = 1 / (1 + std::exp(2 * u));
-    const double du = tg::math::kGeluK0 * (1 + 3 * tg::math::kGeluK1 * x * x);
-    return p * (1 + std::abs(2 * u) * q) + std::abs(2 * x * p * q * du) * (1 + std::abs(2 * u)) +
-           (1 + 2 * std::abs(x) * du) * q * 0x1p-108;
+    const Gelu g(x);
+    return g.p * (1 + std::abs(2 * g.u) * g.q) + std::abs(2 * x * g.p * g.q * g.du) * (1 + std::abs(2 * g.u)) +
+           (1 + 2 * std::abs(x) * g.du) * g.q * 0x1p-108;
   };
   struct Case {
     const char* name;
