@@ -143,13 +143,17 @@ TG_HD KeepPair dropout_keep_pair(uint32_t lane_bits, uint32_t high_threshold) {
   return {(lane_bits << 16) >= high_threshold, lane_bits >= high_threshold};
 }
 
-// Standard normal by Box-Muller from two 32-bit lanes of one block.
+// Standard normal by Box-Muller (its cosine half) from two 32-bit draws.
+TG_HD double box_muller(uint32_t a, uint32_t b) {
+  const double u1 = (static_cast<double>(a) + 1.0) * (1.0 / 4294967296.0);  // (0, 1]
+  const double u2 = static_cast<double>(b) * (1.0 / 4294967296.0);
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+}
+
+// Element i's normal: lanes 0 and 1 of block i / 2 for an even i, 2 and 3 for an odd one.
 TG_HD double philox_normal(PhiloxState s, int64_t i) {
   const Philox4 r = philox_block(s, static_cast<uint64_t>(i) / 2);
-  const int lane = static_cast<int>(i % 2) * 2;
-  const double u1 = (static_cast<double>(r.v[lane]) + 1.0) * (1.0 / 4294967296.0);  // (0, 1]
-  const double u2 = static_cast<double>(r.v[lane + 1]) * (1.0 / 4294967296.0);
-  return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+  return i % 2 == 0 ? box_muller(r.v[0], r.v[1]) : box_muller(r.v[2], r.v[3]);
 }
 
 }  // namespace tg

@@ -11,6 +11,7 @@
 #include "ops/copy.h"
 #include "ops/untracked.h"
 #include "ops/elementwise.h"
+#include "ops/random.h"
 #include "ops/views.h"
 
 namespace tg {
@@ -251,24 +252,17 @@ Tensor arange(int64_t n, TensorOptions opts) {
 }
 
 namespace {
-template <class Draw>
-Tensor random_tensor(const char* op, const Shape& shape, TensorOptions opts, Draw draw) {
-  const int64_t n = checked_numel(op, shape);
-  checked_nbytes(op, shape, sizeof(double));
-  const PhiloxState state = default_generator().next();
-  Tensor host = empty_named(op, shape, {DType::Float64, Device::CPU});
-  double* v = host.data<double>();
-  for (int64_t i = 0; i < n; ++i) v[i] = draw(state, i);
-  return host.to(opts.dtype).to(opts.device).requires_grad_(opts.requires_grad);
+// Drawn on the tensor's own device (ops/random.h): one Philox state per tensor.
+template <class Fill>
+Tensor random_tensor(const char* op, const Shape& shape, TensorOptions opts, Fill fill) {
+  Tensor t = empty_named(op, shape, {opts.dtype, opts.device});
+  fill(t, default_generator().next());
+  return t.requires_grad_(opts.requires_grad);
 }
 }  // namespace
 
-Tensor randn(const Shape& shape, TensorOptions opts) {
-  return random_tensor("randn", shape, opts, [](PhiloxState s, int64_t i) { return philox_normal(s, i); });
-}
-Tensor rand(const Shape& shape, TensorOptions opts) {
-  return random_tensor("rand", shape, opts, [](PhiloxState s, int64_t i) { return philox_uniform(s, i); });
-}
+Tensor randn(const Shape& shape, TensorOptions opts) { return random_tensor("randn", shape, opts, fill_normal_into); }
+Tensor rand(const Shape& shape, TensorOptions opts) { return random_tensor("rand", shape, opts, fill_uniform_into); }
 
 Tensor from_blob(void* data, const Shape& shape, TensorOptions opts) {
   const int64_t nbytes = checked_nbytes("from_blob", shape, element_size(opts.dtype));

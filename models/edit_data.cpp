@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "ops/random.h"
 
 namespace tg::toy {
 
@@ -62,6 +63,23 @@ bool covers(const ExampleSpec& s, int64_t x, int64_t y) {
   return false;
 }
 
+// Example b of a batch: its source and target images ([B, 3, 32, 32]) and
+// its edit mask ([B, 64], zeros before) written in place.
+template <class T>
+void paint_example(const ExampleSpec& s, int64_t b, T* source, T* target, T* mask) {
+  constexpr int64_t pixels = kImageSize * kImageSize;
+  for (int64_t y = 0; y < kImageSize; ++y)
+    for (int64_t x = 0; x < kImageSize; ++x) {
+      const bool inside = covers(s, x, y);
+      if (inside) mask[b * kTokens + (y / kPatchSize) * kGridSize + x / kPatchSize] = T(1);
+      for (int64_t c = 0; c < kChannels; ++c) {
+        const int64_t i = (b * kChannels + c) * pixels + y * kImageSize + x;
+        source[i] = static_cast<T>(inside ? from_byte(kPalette[s.source_colour][c]) : s.background[c]);
+        target[i] = static_cast<T>(inside ? from_byte(kPalette[s.target_colour][c]) : s.background[c]);
+      }
+    }
+}
+
 }  // namespace
 
 std::vector<double> palette_colour(int64_t k) {
@@ -79,37 +97,31 @@ const char* colour_name(int64_t k) {
 EditBatch make_edit_batch(uint64_t seed, int64_t first_index, int64_t count, TensorOptions opts) {
   TG_CHECK(first_index >= 0 && count > 0, "make_edit_batch: need first_index >= 0 and count > 0, got first_index ",
            first_index, " and count ", count);
-  constexpr int64_t pixels = kImageSize * kImageSize;
-  checked_numel("make_edit_batch", {count, kChannels, kImageSize, kImageSize});  // a clear error, not an overflow
-  std::vector<double> source(count * kChannels * pixels), target(source.size()), mask(count * kTokens, 0.0);
-  EditBatch batch;
-  for (int64_t b = 0; b < count; ++b) {
-    const ExampleSpec s = draw_example(seed, first_index + b);
-    const std::vector<double> old_colour = palette_colour(s.source_colour), new_colour = palette_colour(s.target_colour);
-    for (int64_t y = 0; y < kImageSize; ++y)
-      for (int64_t x = 0; x < kImageSize; ++x) {
-        const bool inside = covers(s, x, y);
-        if (inside) mask[b * kTokens + (y / kPatchSize) * kGridSize + x / kPatchSize] = 1.0;
-        for (int64_t c = 0; c < kChannels; ++c) {
-          const int64_t i = (b * kChannels + c) * pixels + y * kImageSize + x;
-          source[i] = inside ? old_colour[c] : s.background[c];
-          target[i] = inside ? new_colour[c] : s.background[c];
-        }
-      }
-    batch.colour.push_back(s.target_colour);
-    batch.shape_kind.push_back(s.shape);
-  }
   const Shape image_shape{count, kChannels, kImageSize, kImageSize};
-  batch.source = from_vector(source, image_shape, opts);
-  batch.target = from_vector(target, image_shape, opts);
-  batch.edit_mask = from_vector(mask, {count, kTokens}, opts);
+  checked_nbytes("make_edit_batch", image_shape, element_size(opts.dtype));  // a clear error, not an overflow
+  const TensorOptions host{opts.dtype, Device::CPU};
+  const Tensor source = empty(image_shape, host), target = empty(image_shape, host);
+  const Tensor mask = zeros({count, kTokens}, host);
+  EditBatch batch;
+  TG_DISPATCH_FLOAT(opts.dtype, T, [&] {
+    for (int64_t b = 0; b < count; ++b) {
+      const ExampleSpec s = draw_example(seed, first_index + b);
+      paint_example(s, b, source.data<T>(), target.data<T>(), mask.data<T>());
+      batch.colour.push_back(s.target_colour);
+      batch.shape_kind.push_back(s.shape);
+    }
+  });
+  batch.source = source.to(opts.device).requires_grad_(opts.requires_grad);
+  batch.target = target.to(opts.device).requires_grad_(opts.requires_grad);
+  batch.edit_mask = mask.to(opts.device).requires_grad_(opts.requires_grad);
   return batch;
 }
 
 Tensor normal_noise(const Shape& shape, PhiloxState state, TensorOptions opts) {
-  std::vector<double> values(static_cast<size_t>(checked_numel("normal_noise", shape)));
-  for (size_t i = 0; i < values.size(); ++i) values[i] = philox_normal(state, static_cast<int64_t>(i));
-  return from_vector(values, shape, opts);
+  checked_nbytes("normal_noise", shape, element_size(opts.dtype));
+  Tensor noise = empty(shape, {opts.dtype, opts.device});
+  fill_normal_into(noise, state);
+  return noise.requires_grad_(opts.requires_grad);
 }
 
 }  // namespace tg::toy

@@ -188,10 +188,11 @@ Tensor timestep_features(const Tensor& t, int64_t dim, double max_period) {
            " requires grad, but the features are computed from its values and pass no gradient back");
   const int64_t B = t.size(0), half = dim / 2;
   const std::vector<double> times = t.to_vector();
-  std::vector<double> features(B * dim, 0.0);
+  std::vector<double> frequency(half), features(B * dim, 0.0);
+  for (int64_t i = 0; i < half; ++i) frequency[i] = std::exp(-std::log(max_period) * static_cast<double>(i) / half);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = 0; i < half; ++i) {
-      const double arg = times[b] * std::exp(-std::log(max_period) * static_cast<double>(i) / half);
+      const double arg = times[b] * frequency[i];
       features[b * dim + i] = std::cos(arg);
       features[b * dim + half + i] = std::sin(arg);
     }

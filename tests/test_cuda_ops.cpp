@@ -864,6 +864,33 @@ TEST_CASE("cuda/dropout: the mask is bit-identical to the CPU's" * doctest::skip
                 kElementwise);
 }
 
+TEST_CASE("cuda/rand and randn: the device draws the CPU's values" * doctest::skip(kNoGpu)) {
+  // Sizes with every tail (n % 4), and one whose blocks outnumber the grid's
+  // threads (the grid-stride loop wraps); each output starts as NaN (every
+  // device allocation is poisoned), so an unwritten element fails.
+  for (const tg::DType dtype : {tg::DType::Float32, tg::DType::Float64})
+    for (const int64_t n : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{4097}, int64_t{9 << 20} + 3}) {
+      CAPTURE(static_cast<int>(dtype));
+      CAPTURE(n);
+      tg::manual_seed(77);
+      const tg::Tensor u_cpu = tg::rand({n}, {dtype}), z_cpu = tg::randn({n}, {dtype});
+      tg::manual_seed(77);
+      const tg::Tensor u_gpu = tg::rand({n}, {dtype, tg::Device::CUDA}), z_gpu = tg::randn({n}, {dtype, tg::Device::CUDA});
+      CHECK(max_abs_diff(u_gpu, u_cpu) == 0.0);  // exact in float: bit for bit
+      // Box-Muller in double: CUDA's log and cos are within 1-2 ulp of libm's.
+      const std::vector<double> got = z_gpu.cpu().to_vector(), want = z_cpu.to_vector();
+      const double rel = dtype == tg::DType::Float32 ? std::ldexp(1.0, -23) : 1e-13;
+      int64_t outside = 0, differ = 0;
+      for (size_t i = 0; i < want.size(); ++i) {
+        outside += !(std::abs(got[i] - want[i]) <= rel * std::abs(want[i]));
+        differ += got[i] != want[i];
+      }
+      CHECK(outside == 0);
+      // In float32 the two doubles round apart only where a float's rounding boundary falls between them (~1e-8 each).
+      if (dtype == tg::DType::Float32) CHECK(differ <= n / 10000);
+    }
+}
+
 TEST_CASE("cuda/copy, cast and device moves" * doctest::skip(kNoGpu)) {
   const tg::Tensor x = tg::randn({5, 7});
   const tg::Tensor g = x.cuda();

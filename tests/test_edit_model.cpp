@@ -79,6 +79,23 @@ TEST_CASE("toy/edit batches are a pure function of (seed, index), with the docum
   CHECK(toy::make_edit_batch(8, 10, 4).source.to_vector() != source);
 }
 
+TEST_CASE("toy/make_edit_batch known sums: a stream makes what it made before, float64 rounding to float32's") {
+  const toy::EditBatch batch = toy::make_edit_batch(3, 5, 4);
+  const auto weighted_sum = [](const tg::Tensor& t) {  // each element weighted by its position, so a permutation shows
+    const std::vector<double> v = t.to_vector();
+    double s = 0;
+    for (size_t i = 0; i < v.size(); ++i) s += v[i] * static_cast<double>(i % 97 + 1);
+    return s;
+  };
+  CHECK(weighted_sum(batch.source) == doctest::Approx(-254343.52955052257).epsilon(1e-15));
+  CHECK(weighted_sum(batch.target) == doctest::Approx(-269538.62813800573).epsilon(1e-15));
+  CHECK(weighted_sum(batch.edit_mask) == 2122);
+  const toy::EditBatch wide = toy::make_edit_batch(3, 5, 4, {tg::DType::Float64});
+  CHECK(wide.source.to(tg::DType::Float32).to_vector() == batch.source.to_vector());
+  CHECK(wide.target.to(tg::DType::Float32).to_vector() == batch.target.to_vector());
+  CHECK(wide.edit_mask.to_vector() == batch.edit_mask.to_vector());
+}
+
 TEST_CASE("toy/the mask is the patches the shape touches; the target differs only there, in colour k") {
   constexpr int64_t n = 64;
   const toy::EditBatch batch = toy::make_edit_batch(3, 0, n);

@@ -131,6 +131,47 @@ TEST_CASE("rng/Philox4x32-10 known-answer vectors (Random123)") {
   CHECK(pi.v[3] == 0x24126ea1u);
 }
 
+TEST_CASE("rng/rand and randn: element i is draw i of one Philox state, at any size, in float32 and float64") {
+  const auto as = [](tg::DType dtype, double v) { return dtype == tg::DType::Float32 ? double(float(v)) : v; };
+  // Empty, every tail (n % 4), sizes past the CPU loops' parallel grain; shapes of any rank are their elements in order.
+  const std::vector<tg::Shape> shapes = {{0}, {2, 0}, {1}, {2}, {3}, {4}, {4097}, {5 * 16384 + 3}, {3, 5, 7}};
+  for (const tg::DType dtype : {tg::DType::Float32, tg::DType::Float64})
+    for (const tg::Shape& shape : shapes) {
+      CAPTURE(static_cast<int>(dtype));
+      CAPTURE(shape);
+      const int64_t n = tg::checked_numel("test", shape);
+      tg::manual_seed(11 + static_cast<uint64_t>(n));
+      const tg::PhiloxState first = tg::default_generator().state(), second{first.seed, first.offset + 1};
+      const tg::Tensor uniform = tg::rand(shape, {dtype}), normal = tg::randn(shape, {dtype});
+      CHECK(uniform.shape() == shape);
+      CHECK(normal.shape() == shape);
+      CHECK(tg::default_generator().state().offset == first.offset + 2);  // one draw per tensor
+      const std::vector<double> u = uniform.to_vector(), z = normal.to_vector();
+      int64_t wrong = 0;
+      for (int64_t i = 0; i < n; ++i)
+        wrong += u[size_t(i)] != as(dtype, tg::philox_uniform(first, i)) ||
+                 z[size_t(i)] != as(dtype, tg::philox_normal(second, i));
+      CHECK(wrong == 0);
+    }
+}
+
+TEST_CASE("rng/rand and randn known values: a seed draws what it drew before (checkpoints replay)") {
+  tg::manual_seed(2024);
+  const std::vector<double> z = tg::randn({5}, {tg::DType::Float64}).to_vector();
+  const std::vector<double> u = tg::rand({5}, {tg::DType::Float64}).to_vector();
+  const std::vector<double> z32 = tg::randn({3}).to_vector();
+  const std::vector<double> want_z = {-0.11691734762447252, 0.1524376053415184, -1.3398119607365018,
+                                      -0.4522431877553556, 1.0015566952187838};
+  const std::vector<double> want_u = {0.29755765199661255, 0.63148671388626099, 0.44886332750320435,
+                                      0.18112856149673462, 0.29758822917938232};
+  const std::vector<float> want_z32 = {-0.59449029f, -1.49234509f, 0.979631424f};
+  for (size_t i = 0; i < 5; ++i) {
+    CHECK(z[i] == doctest::Approx(want_z[i]).epsilon(1e-14));  // libm's log and cos: to their last bits
+    CHECK(u[i] == want_u[i]);                                 // uniforms are exact
+  }
+  for (size_t i = 0; i < 3; ++i) CHECK(float(z32[i]) == want_z32[i]);
+}
+
 TEST_CASE("rng/dropout_keep_threshold: the integer compare keeps exactly what the uniform compare keeps") {
   std::vector<float> ps = {0.f, 1e-30f, 1.f / 65536.f, 1.5f / 65536.f, 0.1f, 1.f / 3.f, 0.5f, 0.9f,
                            1.f - 1.f / 65536.f};

@@ -1,0 +1,6 @@
+#include "core/cuda_loops.cuh"
+#include "ops/random_kernels.h"
+
+namespace tg {
+TG_INSTANTIATE_KERNELS(RandomKernels, Device::CUDA);
+}
