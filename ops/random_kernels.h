@@ -9,32 +9,42 @@
 
 namespace tg {
 
-// out[i] = philox_uniform(s, i): lane i % 4 of block i / 4.
-template <class T>
-struct UniformBlock {
-  T* out;
-  int64_t n;
-  PhiloxDraw draw;
-  TG_HD void operator()(int64_t block) const {
-    const Philox4 r = philox_block(draw, static_cast<uint64_t>(block));
-    TG_UNROLL(4)
-    for (int lane = 0; lane < 4; ++lane)
-      if (4 * block + lane < n) out[4 * block + lane] = static_cast<T>(bits_to_uniform(r.v[lane]));
+// The draws of one block: uniform k is lane k; normal k takes lanes 2k and
+// 2k + 1 (philox_uniform and philox_normal, element by element).
+struct Uniforms {
+  static constexpr int kPerBlock = 4;
+  TG_HD static double draw(const Philox4& r, int k) { return bits_to_uniform(r.v[k]); }
+};
+struct Normals {
+  static constexpr int kPerBlock = 2;
+  TG_HD static double draw(const Philox4& r, int k) {
+    return k == 0 ? box_muller(r.v[0], r.v[1]) : box_muller(r.v[2], r.v[3]);
   }
 };
 
-// out[i] = philox_normal(s, i): lanes 0, 1 of block i / 2 for an even i, 2, 3 for an odd one.
-template <class T>
-struct NormalBlock {
+// out[i] for the elements i of one block: kPerBlock * block + k, k < kPerBlock, i < n.
+template <class T, class Draws>
+struct FillFromBlock {
   T* out;
   int64_t n;
   PhiloxDraw draw;
   TG_HD void operator()(int64_t block) const {
     const Philox4 r = philox_block(draw, static_cast<uint64_t>(block));
-    out[2 * block] = static_cast<T>(box_muller(r.v[0], r.v[1]));
-    if (2 * block + 1 < n) out[2 * block + 1] = static_cast<T>(box_muller(r.v[2], r.v[3]));
+    TG_UNROLL(Draws::kPerBlock)
+    for (int k = 0; k < Draws::kPerBlock; ++k) {  // unrolled: r.v's lanes stay in registers on the GPU
+      const int64_t i = Draws::kPerBlock * block + k;
+      if (i < n) out[i] = static_cast<T>(Draws::draw(r, k));
+    }
   }
 };
+
+template <class Draws, Device D>
+void fill_from_blocks(const char* op, const Tensor& dst, PhiloxState state) {
+  const int64_t n = dst.numel(), blocks = (n + Draws::kPerBlock - 1) / Draws::kPerBlock;
+  TG_DISPATCH_FLOAT(dst.dtype(), T, [&] {
+    Loop<D>{op}(blocks, FillFromBlock<T, Draws>{dst.data<T>(), n, philox_draw(state)});
+  });
+}
 
 // dst contiguous.
 template <Device D>
@@ -46,18 +56,12 @@ TG_EXTERN_CUDA_KERNELS(RandomKernels);
 
 template <Device D>
 void RandomKernels<D>::uniform(const Tensor& dst, PhiloxState state) {
-  const int64_t n = dst.numel();
-  TG_DISPATCH_FLOAT(dst.dtype(), T, [&] {
-    Loop<D>{"rand"}((n + 3) / 4, UniformBlock<T>{dst.data<T>(), n, philox_draw(state)});
-  });
+  fill_from_blocks<Uniforms, D>("rand", dst, state);
 }
 
 template <Device D>
 void RandomKernels<D>::normal(const Tensor& dst, PhiloxState state) {
-  const int64_t n = dst.numel();
-  TG_DISPATCH_FLOAT(dst.dtype(), T, [&] {
-    Loop<D>{"randn"}((n + 1) / 2, NormalBlock<T>{dst.data<T>(), n, philox_draw(state)});
-  });
+  fill_from_blocks<Normals, D>("randn", dst, state);
 }
 
 }  // namespace tg
