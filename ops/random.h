@@ -10,9 +10,9 @@
 //
 // rand and randn (core/tensor.h) fill a fresh tensor on its own device with
 // these: one work item per Philox block, in parallel (bench/NOTES.md, version
-// 39: drawn on the host, one block per element, a toy-model step at batch 512
-// spent ~70 ms in randn). Untracked writes, like ops/untracked.h's: for fresh
-// tensors, not for tensors on the tape.
+// 39: drawn on the host, one block per element, the toy model's noise at batch
+// 512 took ~90 ms of every step). Untracked writes, like ops/untracked.h's: for
+// fresh tensors, not for tensors on the tape.
 #pragma once
 #include "core/philox.h"
 #include "core/tensor.h"
