@@ -266,6 +266,7 @@ Tensor rand(const Shape& shape, TensorOptions opts) { return random_tensor("rand
 
 Tensor from_blob(void* data, const Shape& shape, TensorOptions opts) {
   const int64_t nbytes = checked_nbytes("from_blob", shape, element_size(opts.dtype));
+  if (opts.device == Device::CUDA && !built_with_cuda()) no_cuda_backend();
   TG_CHECK(data || nbytes == 0, "from_blob: null data for a tensor of shape ", shape);
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::make_shared<Storage>(data, static_cast<std::size_t>(nbytes), opts.device);

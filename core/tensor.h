@@ -1,6 +1,8 @@
 // tg::Tensor: a strided view (shape, strides, offset) onto shared Storage, plus
 // the autograd fields (requires_grad, grad, grad_fn). Copying a Tensor copies a
 // handle; views share storage; ops live in ops/ and are mirrored here as methods.
+// Any rank; a kernel over a strided view takes at most 8 dims once adjacent
+// dims are collapsed (core/indexing.h's kMaxDims), and a clear error past that.
 #pragma once
 #include <cstdint>
 #include <initializer_list>
@@ -132,6 +134,9 @@ Tensor from_blob(void* data, const Shape& shape, TensorOptions opts = {});
 
 // A new tensor (shape, strides, offset) over t's storage; no copy. Throws
 // when the view reaches outside the storage or has a negative stride.
+// Untracked, for implementing ops and kernels: the view records nothing on
+// the tape and does not require grad, like torch's t.detach().as_strided(...).
+// User code wants the tracked views (narrow, transpose, permute, expand, view).
 Tensor make_view(const Tensor& t, Shape shape, Shape strides, int64_t offset);
 
 std::ostream& operator<<(std::ostream& os, const Tensor& t);

@@ -73,6 +73,7 @@ void check_tokens_and_conditioning(const char* op, const Tensor& x, const Tensor
 }  // namespace
 
 Tensor uniform(const Shape& shape, double bound, TensorOptions opts) {
+  TG_CHECK(std::isfinite(bound) && bound >= 0, "uniform: bound must be finite and >= 0, got ", bound);
   opts.requires_grad = false;
   return add(mul(rand(shape, opts), 2 * bound), -bound);
 }

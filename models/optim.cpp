@@ -190,11 +190,13 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
     TG_CHECK(params[i].defined(), "clip_grad_norm_: parameter ", i, " is an undefined tensor");
     if (params[i].grad().defined()) grads.push_back(params[i].grad());
   }
-  // The sum of squares per device, in float64, read back once per device
-  // rather than once per parameter (each read is a device synchronisation).
+  // The sum of squares per device, in float64 (squared in float32, 1e20 would
+  // overflow and 1e-25 underflow), read back once per device rather than once
+  // per parameter (each read is a device synchronisation).
   std::map<Device, Tensor> per_device;
   for (const Tensor& g : grads) {
-    const Tensor squares = sum(mul(g, g)).to(DType::Float64);
+    const Tensor wide = g.to(DType::Float64);
+    const Tensor squares = sum(mul(wide, wide));
     Tensor& total = per_device[g.device()];
     total = total.defined() ? add(total, squares) : squares;
   }

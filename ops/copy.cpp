@@ -50,6 +50,8 @@ void copy_into(const Tensor& dst, const Tensor& src_in) {
   const Tensor staged_dst = dst.is_contiguous() ? dst : empty(dst.shape(), {dst.dtype(), dst.device()});
 #ifdef TG_CUDA
   cuda::copy_between_devices(staged_dst, staged_src);
+#else
+  no_cuda_backend();  // unreachable: without CUDA no tensor is on the GPU (empty and from_blob refuse one)
 #endif
   if (!staged_dst.same_storage(dst)) TG_DISPATCH_DEVICE(dst, CopyKernels, copy_strided, dst, staged_dst);
 }

@@ -11,8 +11,12 @@ TG_INSTANTIATE_KERNELS(MaskedFillKernels, Device::CPU);
 
 namespace {
 Tensor masked_fill_untracked(const Tensor& x, const Tensor& mask, double value) {
+  if (mask.dtype() != x.dtype()) {  // nonzeros made 1 in the mask's own dtype first: cast as is, 1e-50 is 0 in float
+    const Tensor ones_where = masked_fill_untracked(zeros(mask.shape(), {mask.dtype(), mask.device()}), mask, 1.0);
+    return masked_fill_untracked(x, ones_where.to(x.dtype()), value);
+  }
   Tensor out = empty(x.shape(), {x.dtype(), x.device()});
-  const Tensor m = broadcast_view("masked_fill", mask.to(x.dtype()), x.shape());
+  const Tensor m = broadcast_view("masked_fill", mask, x.shape());
   TG_DISPATCH_DEVICE(x, MaskedFillKernels, masked_fill, x, m, value, out);
   return out;
 }

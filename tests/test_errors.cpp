@@ -68,6 +68,8 @@ TEST_CASE("errors/other ops") {
   CHECK(error_of([] { tg::masked_fill(tg::zeros({2, 3}), tg::zeros({2, 2}), 0); }) ==
         "masked_fill: shapes [2,3] and [2,2] cannot be broadcast (dim 1: 3 vs 2)");
   CHECK(error_of([] { tg::zeros({2}).item(); }) == "item: tensor of shape [2] has 2 elements, not 1");
+  CHECK(error_of([] { tg::nn::uniform({2}, std::nan("")); }) == "uniform: bound must be finite and >= 0, got nan");
+  CHECK(error_of([] { tg::nn::uniform({2}, -1); }) == "uniform: bound must be finite and >= 0, got -1");
   CHECK(error_of([] { tg::Tensor().shape(); }) == "Tensor: use of an undefined tensor");
   CHECK(error_of([] { tg::add(tg::Tensor(), tg::zeros({1})); }) == "add: argument 'a' is an undefined tensor");
   CHECK(error_of([] { tg::from_vector({1, 2, 3}, {2, 2}); }) == "from_vector: 3 values do not fill shape [2,2] (4 elements)");
@@ -110,6 +112,9 @@ TEST_CASE("errors/devices without CUDA" * doctest::skip(tg::cuda::is_available()
     CHECK(contains(error_of([] { tg::zeros({2}).cuda(); }), "no CUDA device is available"));
   } else {
     CHECK(contains(error_of([] { tg::zeros({2}).cuda(); }), "built without CUDA"));
+    float host[4] = {1, 2, 3, 4};  // not device memory, and no CUDA to tell: refused, not copied from later
+    CHECK(contains(error_of([&] { tg::from_blob(host, {4}, {tg::DType::Float32, tg::Device::CUDA}); }),
+                   "built without CUDA"));
   }
 }
 

@@ -445,6 +445,16 @@ TEST_CASE("forward/softmax backward through an all -inf row and through an addit
   }
 }
 
+TEST_CASE("forward/masked_fill: value where the mask is nonzero, whatever the mask's dtype") {
+  const tg::Tensor mask64 = tg::from_vector({1e-50, 1, 0}, {3}, {tg::DType::Float64});  // 1e-50 is 0 as a float
+  CHECK(tg::masked_fill(tg::zeros({3}), mask64, 9).to_vector() == std::vector<double>{9, 9, 0});
+  const tg::Tensor x64 = tg::zeros({3}, {tg::DType::Float64});
+  CHECK(tg::masked_fill(x64, tg::from_vector({1e-40, 0, -2}, {3}), 9).to_vector() == std::vector<double>{9, 0, 9});
+  tg::Tensor x = tg::ones({3}).requires_grad_();
+  tg::sum(tg::masked_fill(x, mask64, 9)).backward();  // no gradient where filled
+  CHECK(x.grad().to_vector() == std::vector<double>{0, 0, 1});
+}
+
 TEST_CASE("forward/dropout keeps exactly the elements whose Philox uniform is >= p, scaled by 1/(1-p)") {
   const tg::PhiloxState rng{3, 9};
   // Rows not a whole number of Philox blocks (8 columns): each row starts a new

@@ -281,6 +281,15 @@ TEST_CASE("optim/clip_grad_norm_ returns the total norm and scales when it excee
         "clip_grad_norm_: max_norm must be finite and > 0, got 0");
 }
 
+TEST_CASE("optim/clip_grad_norm_ squares float32 gradients in float64: no overflow at 1e20, no underflow at 1e-25") {
+  tg::Tensor big = tg::zeros({4}).requires_grad_(), tiny = tg::zeros({4}).requires_grad_();
+  set_grad(big, {1e20, 1e20, 1e20, 1e20});  // norm 2e20; in float32 its square, 4e40, is past the 3.4e38 maximum
+  CHECK(tg::nn::utils::clip_grad_norm_({big}, 1.0) == doctest::Approx(2e20).epsilon(1e-6));
+  for (double v : big.grad().to_vector()) CHECK(v == doctest::Approx(0.5).epsilon(1e-6));
+  set_grad(tiny, {1e-25, 1e-25, 1e-25, 1e-25});  // squares of 1e-50, below float32's smallest subnormal
+  CHECK(tg::nn::utils::clip_grad_norm_({tiny}, 1.0) == doctest::Approx(2e-25).epsilon(1e-6));
+}
+
 // As PyTorch's: a NaN or Inf among the gradients makes the total norm
 // non-finite, and the clip coefficient max_norm / (norm + 1e-6) (NaN, or 0
 // for Inf) still multiplies every gradient, so the step that follows sees the

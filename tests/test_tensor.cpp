@@ -107,6 +107,14 @@ TEST_CASE("tensor/in-place ops bump the version") {
   CHECK(t.to_vector() == std::vector<double>{2.5, 0, 2.5});
 }
 
+TEST_CASE("tensor/make_view is untracked: its view shares storage but does not require grad") {
+  const tg::Tensor x = tg::from_vector({1, 2, 3, 4}, {4}).requires_grad_();
+  const tg::Tensor v = tg::make_view(x, {2}, {2}, 1);  // elements 1 and 3
+  CHECK(v.to_vector() == std::vector<double>{2, 4});
+  CHECK_FALSE(v.requires_grad());
+  CHECK(v.same_storage(x));
+}
+
 TEST_CASE("tensor/printing") {
   std::ostringstream os;
   os << tg::from_vector({1, 2}, {1, 2});
