@@ -95,7 +95,8 @@ const char* colour_name(int64_t k) {
 }
 
 EditBatch make_edit_batch(uint64_t seed, int64_t first_index, int64_t count, TensorOptions opts) {
-  TG_CHECK(first_index >= 0 && count > 0, "make_edit_batch: need first_index >= 0 and count > 0, got first_index ",
+  TG_CHECK(first_index >= 0 && count > 0 && count <= INT64_MAX - first_index,
+           "make_edit_batch: need first_index >= 0, count > 0 and first_index + count <= 2^63 - 1, got first_index ",
            first_index, " and count ", count);
   const Shape image_shape{count, kChannels, kImageSize, kImageSize};
   checked_nbytes("make_edit_batch", image_shape, element_size(opts.dtype));  // a clear error, not an overflow

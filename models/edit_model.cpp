@@ -5,7 +5,9 @@
 #include <string>
 
 #include "autograd/grad_mode.h"
+#include "ops/binary_mask.h"
 #include "ops/elementwise.h"
+#include "ops/masked_fill.h"
 #include "ops/reduce.h"
 #include "ops/views.h"
 
@@ -143,6 +145,7 @@ double region_psnr(const Tensor& images, const Tensor& target, const Tensor& edi
   check_batch_of("region_psnr", "images", images, B, kImageShape);
   check_batch_of("region_psnr", "target", target, B, kImageShape);
   check_batch_of("region_psnr", "edit_mask", edit_mask, B, {kTokens});
+  check_binary_mask("region_psnr", "edit_mask", edit_mask);
   NoGradGuard no_grad;
   const double mse = region_mse("region_psnr", sub(patches_of(images), patches_of(target)), edit_mask).item();
   return 10 * std::log10(4.0 / mse);
@@ -152,13 +155,17 @@ Tensor fill_with_target_mean(const EditBatch& batch) {
   check_edit_inputs("fill_with_target_mean", batch.source, batch.edit_mask, batch.colour);
   const int64_t B = batch.source.size(0), pixels = kPatchSize * kPatchSize;
   check_batch_of("fill_with_target_mean", "target", batch.target, B, kImageShape);
+  check_binary_mask("fill_with_target_mean", "edit_mask", batch.edit_mask);
   NoGradGuard no_grad;
   const Shape per_channel{B, kTokens, kChannels, pixels};
   const Tensor target = patches_of(batch.target).reshape(per_channel);
   const Tensor source = patches_of(batch.source).reshape(per_channel);
   const Tensor inside = batch.edit_mask.view({B, kTokens, 1, 1});
   const Tensor region_pixels = mul(sum(inside, {1, 3}, true), static_cast<double>(pixels));    // [B,1,1,1]
-  const Tensor mean_colour = div(sum(mul(target, inside), {1, 3}, true), region_pixels);        // [B,1,3,1]
+  // 1 for an example whose mask marks no token: its mean is then 0 / 1, not 0 / 0, and its source comes back as is.
+  const Tensor no_region = masked_fill(ones(region_pixels.shape(), {region_pixels.dtype(), region_pixels.device()}),
+                                       region_pixels, 0.0);
+  const Tensor mean_colour = div(sum(mul(target, inside), {1, 3}, true), add(region_pixels, no_region));  // [B,1,3,1]
   const Tensor filled = add(source, mul(inside, sub(mean_colour, source)));  // the mean inside, the source outside
   return images_of(filled.reshape({B, kTokens, kPatchDim}));
 }

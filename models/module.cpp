@@ -1,5 +1,6 @@
 #include "models/module.h"
 
+#include <set>
 #include <sstream>
 #include <type_traits>
 #include <utility>
@@ -87,15 +88,25 @@ Tensor& Module::register_buffer(const std::string& name, Tensor tensor) {
   return buffers_.back().tensor;
 }
 
+bool Module::contains(const Module* m) const {
+  if (m == this) return true;
+  for (const auto& child : children_)
+    if (child.second->contains(m)) return true;
+  return false;
+}
+
 std::vector<Tensor> Module::parameters() const {
   std::vector<Tensor> out;
-  for_each_slot(*this, "", Kind::Parameters, [&](const std::string&, const Tensor& t) { out.push_back(t); });
+  for (const auto& named : named_parameters()) out.push_back(named.second);
   return out;
 }
 
 StateDict Module::named_parameters() const {
   StateDict out;
-  for_each_slot(*this, "", Kind::Parameters, [&](const std::string& name, const Tensor& t) { out.emplace_back(name, t); });
+  std::set<const TensorImpl*> seen;
+  for_each_slot(*this, "", Kind::Parameters, [&](const std::string& name, const Tensor& t) {
+    if (seen.insert(t.impl().get()).second) out.emplace_back(name, t);
+  });
   return out;
 }
 
@@ -111,8 +122,12 @@ void Module::train(bool on) {
 }
 
 void Module::to(Device device) {
+  std::map<const TensorImpl*, Tensor> moved;  // a tensor in several slots moves once, and stays one tensor
   for_each_slot(*this, "", Kind::Both, [&](const std::string&, Tensor& t) {
-    if (t.device() != device) t = moved_to(t, device);
+    if (t.device() == device) return;
+    auto [it, first] = moved.try_emplace(t.impl().get());
+    if (first) it->second = moved_to(t, device);
+    t = it->second;
   });
 }
 
@@ -126,7 +141,7 @@ StateDict Module::state_dict() const {
   return out;
 }
 
-void Module::load_state_dict(const StateDict& dict, bool strict) {
+Module::IncompatibleKeys Module::load_state_dict(const StateDict& dict, bool strict) {
   std::map<std::string, Tensor> given = by_name("load_state_dict", dict);
   std::vector<std::pair<Tensor*, Tensor>> copies;  // (destination slot, source)
   std::vector<std::string> missing;
@@ -152,6 +167,7 @@ void Module::load_state_dict(const StateDict& dict, bool strict) {
            unexpected.empty() ? "" : "unexpected key(s) " + quoted_list(unexpected));
   NoGradGuard no_grad;
   for (auto& [slot, src] : copies) slot->copy_(src);
+  return {missing, unexpected};
 }
 
 }  // namespace tg::nn

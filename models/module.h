@@ -44,16 +44,21 @@ class Module {
   Tensor& register_parameter(const std::string& name, Tensor tensor);
   // State that is saved and moved but not trained (no gradient).
   Tensor& register_buffer(const std::string& name, Tensor tensor);
+  // A submodule may be registered in several places (shared), but not inside itself (a cycle).
   template <class M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
     check_new_name("register_module", name);
     TG_CHECK(module, "register_module: module '", name, "' is null");
+    TG_CHECK(!static_cast<const Module&>(*module).contains(this), "register_module: module '", name,
+             "' is this module or contains it (a cycle)");
     children_.emplace_back(name, module);
     return module;
   }
 
   // Depth first in registration order: own entries, then each submodule's
-  // under "child." (e.g. blocks.0.attn.qkv.weight).
+  // under "child." (e.g. blocks.0.attn.qkv.weight). A tensor registered in
+  // several places (tied weights, a shared submodule) comes once, under its
+  // first name, as in PyTorch; state_dict() keeps every name.
   std::vector<Tensor> parameters() const;
   StateDict named_parameters() const;
   StateDict named_buffers() const;
@@ -72,11 +77,15 @@ class Module {
 
   // Parameters and buffers by dotted name, detached (they share storage).
   StateDict state_dict() const;
-  // Copies values in (not recorded on the tape). Every key of the dict must
-  // match a parameter or buffer of the same shape and dtype; with `strict`,
-  // every parameter and buffer must be in the dict and no other key may be.
-  // Nothing is copied unless all of it checks out.
-  void load_state_dict(const StateDict& dict, bool strict = true);
+  // Copies values in (not recorded on the tape). Every key of the dict that
+  // names a parameter or buffer must match its shape and dtype; with
+  // `strict`, every parameter and buffer must be in the dict and no other key
+  // may be. Nothing is copied unless all of it checks out. Returns the keys
+  // left out either way (PyTorch's missing_keys and unexpected_keys).
+  struct IncompatibleKeys {
+    std::vector<std::string> missing, unexpected;
+  };
+  IncompatibleKeys load_state_dict(const StateDict& dict, bool strict = true);
 
  private:
   struct Slot {
@@ -84,6 +93,7 @@ class Module {
     Tensor tensor;
   };
   void check_new_name(const char* op, const std::string& name) const;
+  bool contains(const Module* m) const;  // m is this module or one of its submodules, at any depth
   enum class Kind { Parameters, Buffers, Both };
   // Calls fn(dotted name, tensor slot) for every defined parameter and/or
   // buffer of the tree; Self is Module or const Module.
@@ -105,7 +115,10 @@ class ModuleList : public Module {
     return items_.back();
   }
   size_t size() const { return items_.size(); }
-  const std::shared_ptr<M>& operator[](size_t i) const { return items_.at(i); }
+  const std::shared_ptr<M>& operator[](size_t i) const {
+    TG_CHECK(i < items_.size(), "ModuleList: index ", i, " is out of range for a list of ", items_.size(), " modules");
+    return items_[i];
+  }
   auto begin() const { return items_.begin(); }
   auto end() const { return items_.end(); }
 

@@ -163,8 +163,8 @@ void AdamW::step() {
 
 CosineSchedule::CosineSchedule(double base_lr, int64_t warmup_steps, int64_t total_steps, double min_lr)
     : base_lr_(base_lr), min_lr_(min_lr), warmup_steps_(warmup_steps), total_steps_(total_steps) {
-  TG_CHECK(base_lr >= 0 && min_lr >= 0 && min_lr <= base_lr, "CosineSchedule: need 0 <= min_lr <= base_lr, got min_lr ",
-           min_lr, " and base_lr ", base_lr);
+  TG_CHECK(std::isfinite(base_lr) && min_lr >= 0 && min_lr <= base_lr,
+           "CosineSchedule: need 0 <= min_lr <= base_lr < inf, got min_lr ", min_lr, " and base_lr ", base_lr);
   TG_CHECK(warmup_steps >= 0 && warmup_steps <= total_steps, "CosineSchedule: need 0 <= warmup_steps <= total_steps, got ",
            warmup_steps, " and ", total_steps);
 }

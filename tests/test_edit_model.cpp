@@ -238,6 +238,20 @@ TEST_CASE("toy/region_psnr scores only the region; the mean-colour baseline fill
     }
 }
 
+TEST_CASE("toy/an example whose mask marks no token keeps its source; masks must be 0/1") {
+  toy::EditBatch batch = toy::make_edit_batch(4, 0, 2);
+  batch.edit_mask = tg::mul(batch.edit_mask, tg::from_vector({0, 1}, {2, 1}));  // example 0: no region
+  const tg::Tensor filled = toy::fill_with_target_mean(batch);
+  CHECK(filled.narrow(0, 0, 1).to_vector() == batch.source.narrow(0, 0, 1).to_vector());
+  CHECK(filled.narrow(0, 1, 1).to_vector() == toy::fill_with_target_mean(toy::make_edit_batch(4, 1, 1)).to_vector());
+  CHECK(std::isfinite(toy::region_psnr(filled, batch.target, batch.edit_mask)));
+  toy::EditBatch half = batch;
+  half.edit_mask = tg::mul(batch.edit_mask, 0.5);
+  CHECK(contains(error_of([&] { toy::region_psnr(half.source, half.target, half.edit_mask); }),
+                 "region_psnr: edit_mask"));
+  CHECK(contains(error_of([&] { toy::fill_with_target_mean(half); }), "fill_with_target_mean: edit_mask"));
+}
+
 TEST_CASE("toy/evaluate scores the sampled edits and both baselines on the held-out batch") {
   tg::manual_seed(3);
   toy::EditDiT model(kTiny);
@@ -254,7 +268,9 @@ TEST_CASE("toy/evaluate scores the sampled edits and both baselines on the held-
 
 TEST_CASE("toy/errors name the function, the argument and the shapes") {
   CHECK(error_of([] { toy::make_edit_batch(1, 0, 0); }) ==
-        "make_edit_batch: need first_index >= 0 and count > 0, got first_index 0 and count 0");
+        "make_edit_batch: need first_index >= 0, count > 0 and first_index + count <= 2^63 - 1, got first_index 0 "
+        "and count 0");
+  CHECK(contains(error_of([] { toy::make_edit_batch(1, INT64_MAX, 2); }), "first_index + count <= 2^63 - 1"));
   CHECK(contains(error_of([] { toy::make_edit_batch(1, 0, int64_t{1} << 52); }), "make_edit_batch"));  // no overflow
   CHECK(error_of([] { toy::palette_colour(6); }) == "palette_colour: colour index must be in [0, 6), got 6");
   CHECK(error_of([] { toy::EditDiT({.hidden = 32, .heads = 2, .depth = 0}); }) ==

@@ -135,6 +135,41 @@ TEST_CASE("module/registration errors") {
   const tg::Tensor leaf = tg::ones({3}).requires_grad_();
   CHECK(error_of([&] { m.register_parameter("v", tg::mul(leaf, 2.0)); }) ==
         "register_parameter: 'v' [3] is the output of an op, not a leaf; pass detach() of it");
+  // A cycle would make every walk of the tree endless.
+  auto a = std::make_shared<nn::Module>(), b = std::make_shared<nn::Module>();
+  a->register_module("b", b);
+  CHECK(error_of([&] { b->register_module("a", a); }) == "register_module: module 'a' is this module or contains it (a cycle)");
+  CHECK(error_of([&] { a->register_module("self", a); }) ==
+        "register_module: module 'self' is this module or contains it (a cycle)");
+  nn::ModuleList<nn::Module> list;
+  list.push_back(std::make_shared<nn::Module>());
+  CHECK(error_of([&] { list[1]; }) == "ModuleList: index 1 is out of range for a list of 1 modules");
+}
+
+// Tied weights (one tensor in two slots) and a submodule shared by two parents:
+// parameters() lists each tensor once, under its first name, as PyTorch does,
+// so an optimizer takes them and clipping counts each gradient once;
+// state_dict() keeps every name; to() keeps the tie.
+TEST_CASE("module/a shared parameter or submodule is one parameter") {
+  struct Tied : nn::Module {
+    tg::Tensor& in = register_parameter("in", tg::from_vector({3, 4}, {2}));
+    tg::Tensor& out = register_parameter("out", in);
+    std::shared_ptr<nn::Linear> first = register_module("first", std::make_shared<nn::Linear>(2, 2));
+    std::shared_ptr<nn::Linear> second = register_module("second", first);
+  } m;
+  CHECK(keys_of(m.named_parameters()) == std::vector<std::string>{"in", "first.weight", "first.bias"});
+  CHECK(m.parameters().size() == 3);
+  CHECK(keys_of(m.state_dict()) ==
+        std::vector<std::string>{"in", "out", "first.weight", "first.bias", "second.weight", "second.bias"});
+  tg::optim::AdamW optimizer(m.parameters(), {.lr = 1e-3});  // refuses a tensor listed twice
+  m.zero_grad();
+  tg::sum(tg::mul(m.in, m.out)).backward();  // d/d in of in . in = 2 in = (6, 8): norm 10
+  CHECK(tg::nn::utils::clip_grad_norm_(m.parameters(), 5.0) == doctest::Approx(10.0).epsilon(1e-12));
+  const std::vector<double> clipped = m.in.grad().to_vector();
+  CHECK(clipped[0] == doctest::Approx(3.0).epsilon(1e-6));  // scaled once, not twice
+  CHECK(clipped[1] == doctest::Approx(4.0).epsilon(1e-6));
+  m.to(tg::Device::CPU);
+  CHECK(m.in.impl() == m.out.impl());
 }
 
 TEST_CASE("module/train and eval reach every submodule") {
@@ -238,10 +273,15 @@ TEST_CASE("module/load_state_dict errors name the keys and shapes") {
         "load_state_dict: 'head.weight' has shape [2,3] in the module but [3,2] in the state_dict");
 }
 
-TEST_CASE("module/load_state_dict with strict = false loads what matches") {
+TEST_CASE("module/load_state_dict with strict = false loads what matches and returns the keys it left out") {
   Net net;
-  net.load_state_dict({{"scale", tg::full({1}, 3.0)}, {"unknown", tg::zeros({4})}}, false);
+  const auto left_out = net.load_state_dict({{"scale", tg::full({1}, 3.0)}, {"unknown", tg::zeros({4})}}, false);
   CHECK(net.scale.item() == 3.0);
+  CHECK(left_out.unexpected == std::vector<std::string>{"unknown"});
+  std::vector<std::string> missing = keys_of(net.state_dict());
+  missing.erase(missing.begin());  // all but scale
+  CHECK(left_out.missing == missing);
+  CHECK(net.load_state_dict(net.state_dict()).missing.empty());
 }
 
 // ---- layers

@@ -262,7 +262,9 @@ TEST_CASE("optim/cosine schedule: linear warm-up, then cosine to min_lr") {
   CHECK(error_of([] { optim::CosineSchedule(1.0, 5, 4); }) ==
         "CosineSchedule: need 0 <= warmup_steps <= total_steps, got 5 and 4");
   CHECK(error_of([] { optim::CosineSchedule(1.0, 0, 4, 2.0); }) ==
-        "CosineSchedule: need 0 <= min_lr <= base_lr, got min_lr 2 and base_lr 1");
+        "CosineSchedule: need 0 <= min_lr <= base_lr < inf, got min_lr 2 and base_lr 1");
+  CHECK(error_of([] { optim::CosineSchedule(INFINITY, 0, 4); }) ==
+        "CosineSchedule: need 0 <= min_lr <= base_lr < inf, got min_lr 0 and base_lr inf");
 }
 
 TEST_CASE("optim/clip_grad_norm_ returns the total norm and scales when it exceeds max_norm") {
