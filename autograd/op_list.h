@@ -1,7 +1,7 @@
 // Every op the library records on the tape, listed once. A node's name comes
 // from here, and the op table of the tests and benchmarks (tests/op_table.cpp)
-// must give each one at least one case: the test `ops/every op has a case`
-// fails otherwise. docs/adding-an-op.md walks through adding a row.
+// must give each one at least one case: the test `ops/every op of the list
+// has a gradcheck row and a CUDA parity row` fails otherwise. docs/adding-an-op.md walks through adding a row.
 #pragma once
 
 #define TG_OP_LIST(X)                                                              \

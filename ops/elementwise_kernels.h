@@ -96,7 +96,7 @@ TG_HD V unary_derivative(UnaryOp op, const V& v, T c) {
     case UnaryOp::Gelu: {  // p + 2 x p q u', p = (1 + tanh u) / 2 and q = (1 - tanh u) / 2 each without cancellation
       const V u = gelu_u<T>(v);
       const V p = F::sigmoid(T(2) * u), q = F::sigmoid(T(-2) * u);
-      const V pqx = p * q * v;  // 0 past |x| ~ 10.5, and x^2 then comes in as (pqx x) x, never inf * 0
+      const V pqx = p * q * v;  // 0 past |x| ~10.06 (float; e^2u overflows), and x^2 comes in as (pqx x) x, never inf * 0
       return p + T(2 * kGeluK0) * (pqx + T(3 * kGeluK1) * (pqx * v) * v);
     }
     case UnaryOp::Silu: {
