@@ -93,9 +93,30 @@ TG_HD Philox4 philox_block(PhiloxState s, uint64_t group) { return philox_block(
 // Uniform in [0, 1) from the top 24 of 32 random bits: exact in float, so host and device agree bit for bit.
 TG_HD float bits_to_uniform(uint32_t bits) { return static_cast<float>(bits >> 8) * (1.0f / 16777216.0f); }
 
-// Element i's uniform: lane i % 4 of block i / 4.
+// Standard normal by Box-Muller (its cosine half) from two 32-bit draws.
+TG_HD double box_muller(uint32_t a, uint32_t b) {
+  const double u1 = (static_cast<double>(a) + 1.0) * (1.0 / 4294967296.0);  // (0, 1]
+  const double u2 = static_cast<double>(b) * (1.0 / 4294967296.0);
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+}
+
+// A block's draws: uniform k (k < 4) is lane k; normal k (k < 2) takes lanes
+// 2k and 2k + 1. Element i of a random tensor is draw i % per-block of block
+// i / per-block (philox_uniform, philox_normal; ops/random_kernels.h fills a
+// whole block's at once).
+constexpr int kUniformsPerBlock = 4, kNormalsPerBlock = 2;
+TG_HD float block_uniform(const Philox4& r, int k) { return bits_to_uniform(r.v[k]); }
+TG_HD double block_normal(const Philox4& r, int k) {
+  return k == 0 ? box_muller(r.v[0], r.v[1]) : box_muller(r.v[2], r.v[3]);
+}
+
 TG_HD float philox_uniform(PhiloxState s, int64_t i) {
-  return bits_to_uniform(philox_block(s, static_cast<uint64_t>(i) / 4).v[i % 4]);
+  return block_uniform(philox_block(s, static_cast<uint64_t>(i) / kUniformsPerBlock),
+                       static_cast<int>(i % kUniformsPerBlock));
+}
+TG_HD double philox_normal(PhiloxState s, int64_t i) {
+  return block_normal(philox_block(s, static_cast<uint64_t>(i) / kNormalsPerBlock),
+                      static_cast<int>(i % kNormalsPerBlock));
 }
 
 // Dropout draws 16 bits per element, eight elements per block: element (row,
@@ -143,17 +164,5 @@ TG_HD KeepPair dropout_keep_pair(uint32_t lane_bits, uint32_t high_threshold) {
   return {(lane_bits << 16) >= high_threshold, lane_bits >= high_threshold};
 }
 
-// Standard normal by Box-Muller (its cosine half) from two 32-bit draws.
-TG_HD double box_muller(uint32_t a, uint32_t b) {
-  const double u1 = (static_cast<double>(a) + 1.0) * (1.0 / 4294967296.0);  // (0, 1]
-  const double u2 = static_cast<double>(b) * (1.0 / 4294967296.0);
-  return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
-}
-
-// Element i's normal: lanes 0 and 1 of block i / 2 for an even i, 2 and 3 for an odd one.
-TG_HD double philox_normal(PhiloxState s, int64_t i) {
-  const Philox4 r = philox_block(s, static_cast<uint64_t>(i) / 2);
-  return i % 2 == 0 ? box_muller(r.v[0], r.v[1]) : box_muller(r.v[2], r.v[3]);
-}
 
 }  // namespace tg

@@ -9,17 +9,14 @@
 
 namespace tg {
 
-// The draws of one block: uniform k is lane k; normal k takes lanes 2k and
-// 2k + 1 (philox_uniform and philox_normal, element by element).
+// The two distributions, by their draws of one block (core/philox.h).
 struct Uniforms {
-  static constexpr int kPerBlock = 4;
-  TG_HD static double draw(const Philox4& r, int k) { return bits_to_uniform(r.v[k]); }
+  static constexpr int kPerBlock = kUniformsPerBlock;
+  TG_HD static double draw(const Philox4& r, int k) { return block_uniform(r, k); }
 };
 struct Normals {
-  static constexpr int kPerBlock = 2;
-  TG_HD static double draw(const Philox4& r, int k) {
-    return k == 0 ? box_muller(r.v[0], r.v[1]) : box_muller(r.v[2], r.v[3]);
-  }
+  static constexpr int kPerBlock = kNormalsPerBlock;
+  TG_HD static double draw(const Philox4& r, int k) { return block_normal(r, k); }
 };
 
 // out[i] for the elements i of one block: kPerBlock * block + k, k < kPerBlock, i < n.
