@@ -242,6 +242,7 @@ Context& context() {
                   "cuda context");
     TG_CUDA_CHECK(cudaDeviceGetAttribute(&ctx.major, cudaDevAttrComputeCapabilityMajor, ctx.device), "cuda context");
     TG_CUDA_CHECK(cudaDeviceGetAttribute(&ctx.minor, cudaDevAttrComputeCapabilityMinor, ctx.device), "cuda context");
+    TG_CUDA_CHECK(cudaDeviceGetAttribute(&ctx.l2_bytes, cudaDevAttrL2CacheSize, ctx.device), "cuda context");
     TG_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx.stream, cudaStreamNonBlocking), "cuda context");
     TG_CUDA_CHECK(cublasCreate(&ctx.cublas), "cuda context");
     for (void** workspace : {&ctx.cublas_workspace, &ctx.side_cublas_workspace})

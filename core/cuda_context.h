@@ -19,6 +19,7 @@ struct Context {
   int device = 0;
   int sm_count = 0;
   int major = 0, minor = 0;  // compute capability
+  int l2_bytes = 0;          // the L2 cache's size
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
   cudnnHandle_t cudnn = nullptr;

@@ -233,6 +233,11 @@ void FusedAttentionKernels<Device::CPU>::reset_key_halves(const HalfKeyGradients
 }
 
 template <>
+void FusedAttentionKernels<Device::CPU>::reduce_dq(const Tensor&, const HalfKeyGradients&, const AttentionDims&) {
+  TG_FAIL("reduce_dq: fp16 key gradients exist on CUDA only");
+}
+
+template <>
 void FusedAttentionKernels<Device::CPU>::join_half_qkv(const Tensor&, const HalfKeyGradients&, const AttentionDims&,
                                                        const Tensor&) {
   TG_FAIL("join_half_qkv: fp16 key gradients exist on CUDA only");
@@ -454,20 +459,19 @@ std::vector<Tensor> half_qkv_projection_backward(AttentionInputs& in, AttentionG
   Tensor dq = empty({d.B, d.S, C}, opts);
   fill_into(dq, 0.0);
   gt.dq = make_view(dq, {d.B, d.H, d.S, d.D}, {d.S * C, d.D, C, 1}, dq.offset());
-  const Tensor db = empty({3 * C}, opts);  // dbk = 0: the rows of dS sum to 0
-  fill_into(db.narrow(0, C, 2 * C), 0.0);
   HalfKeyGradients& kv = gt.key_halves;
   kv.values = empty({rows * C}, opts);  // [B S, 2C] fp16
   kv.exponents = empty({d.B * d.H * ((d.S + kHalfKeyGroup - 1) / kHalfKeyGroup)}, opts);
   kv.scratch = empty({2}, opts);
-  kv.dbv = db.narrow(0, 2 * C, C);
+  kv.db = empty({3 * C}, opts);  // dbk = 0: the rows of dS sum to 0
   TG_DISPATCH_DEVICE(dq, FusedAttentionKernels, reset_key_halves, kv);
   TG_DISPATCH_DEVICE(dq, FusedAttentionKernels, backward, in, gt, MatmulPrecision::High);
   for (const size_t i : {kHalfValues, kHalfScalars, kLse}) s.release_early(i);
   in.qkv_half = {};
   gt.dout_half = {};
   gt.dq = gt.lse = gt.delta = Tensor();
-  if (needs[2]) copy_into(db.narrow(0, 0, C), sum(rows_view(dq, C), {0}));  // dbq from the float dq
+  TG_DISPATCH_DEVICE(dq, FusedAttentionKernels, reduce_dq, dq, kv, d);  // dbq, and dq's max for join_half_qkv
+  const Tensor db = kv.db;
   if (!needs[0] && !needs[1]) return {Tensor(), Tensor(), autograd::keep_if(needs[2], db)};
 
   const Tensor dqkv_values = empty({rows * 3 * C / 2}, opts);

@@ -180,19 +180,42 @@ __global__ void row_dot_kernel(const float* dout, const float* o, float* delta, 
 static_assert(kHalfKeyGroup == kBwdKeys / (kBwdThreads / 32), "a key group is one warp's keys");
 constexpr int kNoExponent = 63;  // the largest scale_exponent: a group of zeros sets no bound
 
-// scratch: [0] the smallest exponent (int), [1] dq's largest finite |x|.
-__global__ void reset_key_halves_kernel(float* scratch) {
-  reinterpret_cast<int*>(scratch)[0] = kNoExponent;
-  scratch[1] = 0.f;
+// scratch: [0] the smallest exponent (int), [1] dq's largest finite |x|; db [n] zeroed.
+__global__ void reset_key_halves_kernel(float* scratch, float* db, int64_t n) {
+  if (threadIdx.x == 0) {
+    reinterpret_cast<int*>(scratch)[0] = kNoExponent;
+    scratch[1] = 0.f;
+  }
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) db[i] = 0.f;
 }
 
-// scratch[1] = max(scratch[1], the largest finite |x| of x's quads).
-__global__ void abs_max_kernel(const float4* x, int64_t quads, float* scratch) {
+// One pass over dq ([rows, row_quads] quads): scratch[1] = max(scratch[1],
+// its largest finite |x|), and its column sums added to dbq. Each thread
+// keeps one column quad (blockIdx.x, threadIdx.x) and sums every gridDim.y-th
+// row from blockIdx.y, kRowsInFlight loads at a time (zeros past the last
+// row); then one atomic add per column and block row (dq itself is a sum of
+// atomic adds: its order is not fixed either).
+constexpr int kRowsInFlight = 8;
+__global__ void reduce_dq_kernel(const float4* dq, int64_t rows, int64_t row_quads, float* scratch, float* dbq) {
+  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x, step = gridDim.y;
   float m = 0.f;
-  for (int64_t q = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; q < quads; q += int64_t(gridDim.x) * blockDim.x) {
-    m = fmaxf(m, finite_abs_max(x[q]));
+  float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int64_t r = blockIdx.y; c < row_quads && r < rows; r += kRowsInFlight * step) {
+    float4 x[kRowsInFlight];
+#pragma unroll
+    for (int k = 0; k < kRowsInFlight; ++k)
+      x[k] = r + k * step < rows ? dq[(r + k * step) * row_quads + c] : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int k = 0; k < kRowsInFlight; ++k) {
+      m = fmaxf(m, finite_abs_max(x[k]));
+      sum.x += x[k].x, sum.y += x[k].y, sum.z += x[k].z, sum.w += x[k].w;
+    }
   }
   block_max_into(m, reinterpret_cast<unsigned*>(scratch + 1));
+  if (c < row_quads) {
+    float* to = dbq + 4 * c;
+    atomicAdd(to, sum.x), atomicAdd(to + 1, sum.y), atomicAdd(to + 2, sum.z), atomicAdd(to + 3, sum.w);
+  }
 }
 
 // The exponent every part of qkv's gradient is stored at: the smallest of
@@ -392,8 +415,28 @@ void FusedAttentionKernels<Device::CUDA>::backward(const AttentionInputs& in, co
 
 template <>
 void FusedAttentionKernels<Device::CUDA>::reset_key_halves(const HalfKeyGradients& kv) {
-  cuda::reset_key_halves_kernel<<<1, 1, 0, cuda::stream()>>>(kv.scratch.data<float>());
+  cuda::reset_key_halves_kernel<<<1, cuda::kThreads, 0, cuda::stream()>>>(kv.scratch.data<float>(),
+                                                                          kv.db.data<float>(), kv.db.numel());
   cuda::check_launch("fused_attention_backward (fp16 keys)");
+}
+
+template <>
+void FusedAttentionKernels<Device::CUDA>::reduce_dq(const Tensor& dq, const HalfKeyGradients& kv,
+                                                    const AttentionDims& d) {
+  using namespace cuda;
+  const int64_t rows = d.B * d.S, C = d.H * kD;
+  TG_CHECK(dq.is_contiguous() && dq.numel() == rows * C && aligned16(dq.raw_data()) && kv.db.numel() == 3 * C,
+           "reduce_dq: dq ", dq.shape(), " and db ", kv.db.shape(), " do not hold B S = ", rows, " rows of C = ", C,
+           " columns and 3C biases (dq contiguous and 16-byte aligned)");
+  if (rows == 0) return;
+  const int64_t row_quads = C / 4;
+  const int64_t column_blocks = (row_quads + kThreads - 1) / kThreads;
+  // Two blocks per SM in all: enough loads in flight, few atomic adds per column.
+  const int64_t row_blocks = std::clamp<int64_t>(2 * context().sm_count / column_blocks, 1, rows);
+  reduce_dq_kernel<<<dim3(static_cast<unsigned>(column_blocks), static_cast<unsigned>(row_blocks)), kThreads, 0,
+                     stream()>>>(reinterpret_cast<const float4*>(dq.data<float>()), rows, row_quads,
+                                 kv.scratch.data<float>(), kv.db.data<float>());
+  check_launch("reduce_dq");
 }
 
 template <>
@@ -407,10 +450,6 @@ void FusedAttentionKernels<Device::CUDA>::join_half_qkv(const Tensor& dq, const 
            " do not hold B S = ", rows, " rows of C = ", C, " columns each (dq contiguous and 16-byte aligned)");
   if (rows == 0) return;
   float* scratch = kv.scratch.data<float>();
-  const int64_t quads = rows * C / 4;
-  abs_max_kernel<<<grid_for(quads), kThreads, 0, stream()>>>(reinterpret_cast<const float4*>(dq.data<float>()),
-                                                                quads, scratch);
-  check_launch("join_half_qkv (dq's max)");
   const HalfJoin join{dq.data<float>(), reinterpret_cast<const __half*>(kv.values.data<float>()),
                       reinterpret_cast<const int*>(kv.exponents.data<float>()), scratch,
                       reinterpret_cast<__half*>(dqkv_values.data<float>()), rows, d.S, d.H,

@@ -71,7 +71,7 @@ struct KeyHalves {
   HeadRows<__half> dk, dv;  // rows of [B S, 2C]
   int* exponents;           // [B H groups]
   int* min_exponent;
-  float* dbv;               // [C]
+  float* dbv;               // [C]: HalfKeyGradients::db's last C
   int64_t groups;           // key groups of kHalfKeyGroup per (b, h)
 };
 
@@ -89,6 +89,7 @@ struct BackwardArgs {
   ScoreArgs sc;
   int splits;  // CTAs per key tile, each walking every splits-th query tile; 1: dK and dV are stored, not added
   KeyHalves kv;  // in training with fp16 tiles, optional (then splits is 1)
+  bool head_major;  // blockIdx.y is h B + b, else b H + h (head_major_grid)
 };
 
 // The factors between the kernel's scaled products and the true values (all
@@ -280,10 +281,8 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
   float* key_a = key_e + kBwdKeys;  // a_j: key j takes part where it is not 0
   const ScoreArgs& sc = p.sc;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  // With kRead (the benchmark interface) blockIdx.y is h B + b: the CTAs resident at once cover most batches of one
-  // head, so the dE corner they all add to stays in the L2 (at 773/32 DRAM writes 1.49 -> 0.65 GB, measured with the
-  // query walk rotated too: bench/NOTES.md version 19). In training, b H + h.
-  const int64_t b = kRead ? blockIdx.y % sc.B : blockIdx.y / sc.H, h = kRead ? blockIdx.y / sc.B : blockIdx.y % sc.H;
+  const int64_t b = p.head_major ? blockIdx.y % sc.B : blockIdx.y / sc.H;
+  const int64_t h = p.head_major ? blockIdx.y / sc.B : blockIdx.y % sc.H;
   const int64_t bh = b * sc.H + h;
   const int64_t k0 = int64_t(blockIdx.x / p.splits) * kBwdKeys;
   const int split = blockIdx.x % p.splits;
@@ -583,7 +582,7 @@ KeyHalves key_halves_args(const HalfKeyGradients& kv, const AttentionDims& d) {
   __half* values = reinterpret_cast<__half*>(kv.values.data<float>());
   const auto rows = [&](int t) { return HeadRows<__half>{values + t * C, d.S * 2 * C, kD, 2 * C}; };
   return {rows(0), rows(1), reinterpret_cast<int*>(kv.exponents.data<float>()),
-          reinterpret_cast<int*>(kv.scratch.data<float>()), kv.dbv.data<float>(),
+          reinterpret_cast<int*>(kv.scratch.data<float>()), kv.db.data<float>() + 2 * C,
           (d.S + kHalfKeyGroup - 1) / kHalfKeyGroup};
 }
 
@@ -617,6 +616,20 @@ HalfOperands half_operands(const AttentionInputs& in, const AttentionGradTensors
   h.dout = half_values(g.dout_half.matrices[0]);
   h.scalars[kHalfDO] = g.dout_half.scalars.data<float>();
   return h;
+}
+
+// The order of the (b, h) pairs in blockIdx.y in training (the benchmark
+// interface runs head-major always). Head-major (h B + b): the CTAs resident
+// at once cover most batches of a few heads, so the dE corners they all add
+// to stay in the L2 where the whole dE would not (the interface at 773/32:
+// DRAM writes 1.49 -> 0.65 GB, bench/NOTES.md version 19; training at
+// 32 x 773 -4%, at 8 x 1024 DRAM 1.47 -> 0.40 GB in the same time, version
+// 40). Batch-major (b H + h) where the corners fit in the L2 anyway: there
+// the batches of one head would add to the same dE lines at once (training
+// at 64 x 128: +4..+7% head-major, versions 19 and 40).
+bool head_major_grid(const AttentionDims& d, bool dE_wanted) {
+  const int64_t dE_bytes = d.H * d.S * d.S * int64_t(sizeof(float));
+  return dE_wanted && d.B > 1 && 2 * dE_bytes > context().l2_bytes;
 }
 
 struct BackwardGrid {
@@ -678,7 +691,8 @@ void launch_backward(const AttentionInputs& in, const AttentionGradTensors& g) {
                     data_or_null<float>(g.dE), data_or_null<double>(dw_sums),
                     data_or_null<float>(g.colsum_ds), data_or_null<float>(g.rowsum_pd),
                     data_or_null<double>(rows), HalfOperands{}, score_args(in), splits,
-                    halves ? key_halves_args(g.key_halves, d) : KeyHalves{}};
+                    halves ? key_halves_args(g.key_halves, d) : KeyHalves{},
+                    kRead || head_major_grid(d, g.dE.defined())};
   if constexpr (Layout::kHalf) args.half = half_operands(in, g, kRead, Layout::kSplit);
   allow_shared_memory<attention_backward_kernel<Mma, kRead>>(Layout::kBytes, "fused_attention");
   const dim3 grid(static_cast<unsigned>(key_tiles * splits), static_cast<unsigned>(d.B * d.H));

@@ -64,7 +64,7 @@ struct HalfKeyGradients {
   Tensor values;     // [B S, 2C] fp16 in float32 storage: dk in columns h D + d, dv in C + h D + d
   Tensor exponents;  // [B, H, ceil(S / kHalfKeyGroup)] int32 in float32 storage: a group's values are 2^e dk
   Tensor scratch;    // [2]: the smallest e (int32), dq's largest finite |x| (float)
-  Tensor dbv;        // [C] (added to)
+  Tensor db;         // [3C], qkv's bias gradient: dbq added by reduce_dq, dbk = 0, dbv added by backward
 };
 
 struct AttentionGradTensors {
@@ -113,9 +113,13 @@ struct FusedAttentionKernels {
   static int64_t edit_bias_sums_size(const AttentionDims& d, MatmulPrecision precision, bool read);
   static void finish_edit_bias_sums(const AttentionInputs& in, const AttentionGradTensors& g,
                                     MatmulPrecision precision, bool read);
-  // CUDA only: sets key_halves' scratch for a backward that writes them.
+  // CUDA only: sets key_halves' scratch and zeroes its db for a backward that writes them.
   static void reset_key_halves(const HalfKeyGradients& kv);
-  // CUDA only, after that backward: qkv's gradient [B S, 3C] as fp16 into
+  // CUDA only, after that backward, in one pass over dq [B,S,C] (float):
+  // its largest finite |x| into kv.scratch and its column sums (dbq) added
+  // to kv.db's first C.
+  static void reduce_dq(const Tensor& dq, const HalfKeyGradients& kv, const AttentionDims& d);
+  // CUDA only, after reduce_dq: qkv's gradient [B S, 3C] as fp16 into
   // dqkv_values at one scale 2^e (dq [B,S,C] float, dk and dv from kv), e
   // the smallest of kv's exponents and dq's, so that nothing overflows; e
   // goes to kv.scratch for half_qkv_scalars.
