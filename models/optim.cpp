@@ -8,7 +8,8 @@
 #include "autograd/grad_mode.h"
 #include "ops/copy.h"
 #include "ops/elementwise.h"
-#include "ops/reduce.h"
+#include "ops/foreach.h"
+#include "ops/untracked.h"
 
 namespace tg::optim {
 
@@ -141,22 +142,32 @@ std::vector<std::string> AdamW::buffer_names() const { return {"exp_avg", "exp_a
 void AdamW::step() {
   NoGradGuard no_grad;
   const AdamWOptions& o = options_;
+  // One foreach_adamw_ per device and dtype: a few launches for the whole
+  // model, not ~11 per parameter (ops/foreach.h). A parameter that is not
+  // contiguous steps as a contiguous copy, copied back.
+  struct Group {
+    std::vector<Tensor> params, grads, exp_avgs, exp_avg_sqs;
+    std::vector<int64_t> steps;
+  };
+  std::map<std::pair<Device, DType>, Group> groups;
+  std::vector<std::pair<Tensor, Tensor>> copies;  // (parameter, its stepped copy)
   for (size_t i = 0; i < params_.size(); ++i) {
-    Tensor& p = params_[i];
+    const Tensor& p = params_[i];
     const Tensor g = p.grad();
     if (!g.defined()) continue;
     ParamState& s = state_[i];
     if (s.step == 0) s.buffers = {{"exp_avg", zeros_like(p)}, {"exp_avg_sq", zeros_like(p)}};
-    const double t = static_cast<double>(++s.step);
-    Tensor& m = s.buffers.at("exp_avg");
-    Tensor& v = s.buffers.at("exp_avg_sq");
-    p.mul_(1 - lr_ * o.weight_decay);
-    m.mul_(o.beta1).add_(g, 1 - o.beta1);
-    v.mul_(o.beta2).add_(mul(g, g), 1 - o.beta2);
-    const double bias_correction1 = 1 - std::pow(o.beta1, t), bias_correction2 = 1 - std::pow(o.beta2, t);
-    const Tensor denom = add(mul(sqrt(v), 1 / std::sqrt(bias_correction2)), o.eps);
-    p.add_(div(m, denom), -lr_ / bias_correction1);
+    Group& group = groups[{p.device(), p.dtype()}];
+    group.params.push_back(materialize(p));
+    if (!p.is_contiguous()) copies.emplace_back(p, group.params.back());
+    group.grads.push_back(materialize(g));
+    group.exp_avgs.push_back(s.buffers.at("exp_avg"));
+    group.exp_avg_sqs.push_back(s.buffers.at("exp_avg_sq"));
+    group.steps.push_back(++s.step);
   }
+  for (const auto& [key, g] : groups)
+    foreach_adamw_(g.params, g.grads, g.exp_avgs, g.exp_avg_sqs, g.steps, {lr_, o.beta1, o.beta2, o.eps, o.weight_decay});
+  for (const auto& [p, stepped] : copies) copy_into(p, stepped);
 }
 
 // ---- CosineSchedule
@@ -190,22 +201,32 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
     TG_CHECK(params[i].defined(), "clip_grad_norm_: parameter ", i, " is an undefined tensor");
     if (params[i].grad().defined()) grads.push_back(params[i].grad());
   }
-  // The sum of squares per device, in float64 (squared in float32, 1e20 would
-  // overflow and 1e-25 underflow), read back once per device rather than once
-  // per parameter (each read is a device synchronisation).
-  std::map<Device, Tensor> per_device;
+  // The sum of squares in float64 (squared in float32, 1e20 would overflow
+  // and 1e-25 underflow), one foreach_sum_of_squares per device and dtype,
+  // read back once per device rather than once per parameter (each read is a
+  // device synchronisation).
+  // A gradient that is not contiguous is summed as a contiguous copy and scaled by itself.
+  std::map<std::pair<Device, DType>, std::vector<Tensor>> summed, scaled;
+  std::vector<Tensor> strided;
   for (const Tensor& g : grads) {
-    const Tensor wide = g.to(DType::Float64);
-    const Tensor squares = sum(mul(wide, wide));
-    Tensor& total = per_device[g.device()];
+    summed[{g.device(), g.dtype()}].push_back(materialize(g));
+    if (g.is_contiguous()) scaled[{g.device(), g.dtype()}].push_back(g);
+    else strided.push_back(g);
+  }
+  std::map<Device, Tensor> per_device;
+  for (const auto& [key, group] : summed) {
+    const Tensor squares = foreach_sum_of_squares(group);
+    Tensor& total = per_device[key.first];
     total = total.defined() ? add(total, squares) : squares;
   }
   double sum_of_squares = 0;
   for (const auto& [device, total] : per_device) sum_of_squares += total.item();
   const double total_norm = std::sqrt(sum_of_squares);
   const double clip_coef = max_norm / (total_norm + 1e-6);
-  if (!(clip_coef >= 1))  // also when NaN, as PyTorch's clamp(max=1) lets NaN through
-    for (Tensor& g : grads) g.mul_(clip_coef);
+  if (!(clip_coef >= 1)) {  // also when NaN, as PyTorch's clamp(max=1) lets NaN through
+    for (const auto& [key, group] : scaled) foreach_mul_(group, clip_coef);
+    for (Tensor& g : strided) g.mul_(clip_coef);
+  }
   return total_norm;
 }
 

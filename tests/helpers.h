@@ -41,6 +41,13 @@ inline double max_abs_diff(const tg::Tensor& a, const tg::Tensor& b, bool nan_eq
   return m;
 }
 
+// max |x| over elements.
+inline double max_abs(const tg::Tensor& t) {
+  double m = 0;
+  for (double v : t.to_vector()) m = std::max(m, std::abs(v));
+  return m;
+}
+
 inline void expect_gradcheck(const tg::GradcheckFn& fn, const std::vector<tg::Tensor>& inputs) {
   const tg::GradcheckResult r = tg::gradcheck(fn, inputs);
   INFO("worst element: " << r.report);

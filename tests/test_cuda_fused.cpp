@@ -41,12 +41,6 @@ void check_benchmark_rule(const Gradients& got, const Gradients& ref, double ato
   }
 }
 
-double max_abs(const tg::Tensor& t) {
-  double m = 0;
-  for (double v : t.to_vector()) m = std::max(m, std::abs(v));
-  return m;
-}
-
 // max |a - b| / max |b|.
 double relative_error(const tg::Tensor& a, const tg::Tensor& b) {
   const std::vector<double> av = a.to_vector(), bv = b.to_vector();

@@ -20,6 +20,7 @@
 #include "op_table.h"
 #include "ops/binary_mask.h"
 #include "ops/binary_mask_kernels.h"
+#include "ops/foreach.h"
 #include "ops/matmul_kernels.h"
 #include "ops/untracked.h"
 
@@ -1010,4 +1011,44 @@ TEST_CASE("cuda/check_binary_mask" * doctest::skip(kNoGpu)) {
   }
   CHECK(contains(error_of([] { tg::check_binary_masks("op", {{"a", tg::ones({2}).cuda()}, {"b", tg::ones({2})}}); }),
                  "op: b is on cpu, a on cuda"));
+}
+
+// The foreach updates (ops/foreach.h) on the GPU against the CPU's, on 100
+// random tensors (some empty, more than one launch's kForeachSlots) with
+// step counts of their own: the same update to a few float32 ulps, float64's
+// last bits; the sum of squares in the same order of additions.
+TEST_CASE("cuda/foreach_adamw_, foreach_sum_of_squares, foreach_mul_" * doctest::skip(kNoGpu)) {
+  for (const tg::DType dtype : {tg::DType::Float32, tg::DType::Float64}) {
+    CAPTURE(dtype);
+    tg::manual_seed(dtype == tg::DType::Float32 ? 11 : 12);
+    std::vector<tg::Tensor> cpu[4], gpu[4];  // p, g, m, v
+    std::vector<int64_t> steps;
+    for (int i = 0; i < 100; ++i) {
+      const int64_t n = i % 13 == 5 ? 0 : 1 + (i * 4099) % 2500;
+      for (int k = 0; k < 4; ++k) {
+        tg::Tensor x = tg::randn({n}, {dtype});
+        if (k == 3) x = tg::mul(x, x);
+        cpu[k].push_back(x);
+        gpu[k].push_back(x.cuda());
+      }
+      steps.push_back(1 + i % 4);
+    }
+    const tg::AdamWHyper h{1e-3, 0.9, 0.999, 1e-8, 0.01};
+    tg::foreach_adamw_(cpu[0], cpu[1], cpu[2], cpu[3], steps, h);
+    tg::foreach_adamw_(gpu[0], gpu[1], gpu[2], gpu[3], steps, h);
+    const double rtol = dtype == tg::DType::Float32 ? 1e-6 : 1e-14;
+    for (int k : {0, 2, 3})
+      for (size_t i = 0; i < steps.size(); ++i) {
+        CAPTURE(k);
+        CAPTURE(i);
+        REQUIRE(gpu[k][i].is_cuda());
+        CHECK(max_abs_diff(gpu[k][i].cpu(), cpu[k][i]) <= rtol * (1 + max_abs(cpu[k][i])));
+      }
+    const double cpu_sum = tg::foreach_sum_of_squares(cpu[0]).item(), gpu_sum = tg::foreach_sum_of_squares(gpu[0]).item();
+    CHECK(cpu_sum > 1000.0);
+    CHECK(std::abs(gpu_sum - cpu_sum) <= 1e-14 * cpu_sum);
+    tg::foreach_mul_(cpu[1], 0.5);
+    tg::foreach_mul_(gpu[1], 0.5);
+    for (size_t i = 0; i < steps.size(); ++i) CHECK(max_abs_diff(gpu[1][i].cpu(), cpu[1][i]) == 0.0);
+  }
 }

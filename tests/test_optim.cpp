@@ -1,11 +1,13 @@
 // Optimizers against steps worked out by hand (and against torch.optim.AdamW
-// through a recorded fixture), their state export, the cosine schedule and
-// gradient clipping.
+// through a recorded fixture), their state export, the cosine schedule,
+// gradient clipping, and the foreach updates behind them.
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "helpers.h"
+#include "ops/foreach.h"
 
 using namespace tgtest;
 namespace optim = tg::optim;
@@ -308,4 +310,121 @@ TEST_CASE("optim/clip_grad_norm_ with a non-finite gradient: the norm says so an
   CHECK(std::isinf(tg::nn::utils::clip_grad_norm_({a, b}, 1.0)));
   CHECK(b.grad().to_vector() == std::vector<double>{0});  // 12 * (1 / Inf)
   CHECK(std::isnan(a.grad().to_vector()[1]));             // Inf * 0
+}
+
+// ---- the foreach updates behind AdamW and clipping (ops/foreach.h)
+
+namespace {
+
+// 100 tensors of sizes 0 to ~3000 (some empty), more than kForeachSlots, so
+// that a call takes several launches.
+std::vector<tg::Tensor> random_list(uint64_t seed, tg::DType dtype, double scale = 1.0) {
+  tg::manual_seed(seed);
+  std::vector<tg::Tensor> xs;
+  for (int i = 0; i < 100; ++i) {
+    const int64_t n = i % 17 == 3 ? 0 : (i * 7919) % 3001;
+    xs.push_back(tg::mul(tg::randn({n}, {dtype}), scale));
+  }
+  return xs;
+}
+
+std::vector<tg::Tensor> clones(const std::vector<tg::Tensor>& xs) {
+  std::vector<tg::Tensor> out;
+  for (const tg::Tensor& x : xs) out.push_back(x.clone());
+  return out;
+}
+
+}  // namespace
+
+// Each element against the update written out in float64 here, with a step
+// count of its own per tensor (the bias corrections differ per tensor).
+TEST_CASE("foreach/adamw equals the AdamW update of every element, over several launches") {
+  const optim::AdamWOptions o{.lr = 0.01, .beta1 = 0.8, .beta2 = 0.95, .eps = 1e-6, .weight_decay = 0.1};
+  for (const tg::DType dtype : {tg::DType::Float64, tg::DType::Float32}) {
+    CAPTURE(dtype);
+    const std::vector<tg::Tensor> p = random_list(1, dtype), g = random_list(2, dtype), m = random_list(3, dtype, 0.1);
+    std::vector<tg::Tensor> v = random_list(4, dtype, 0.1);
+    for (tg::Tensor& x : v) x = tg::mul(x, x);  // second moments are >= 0
+    std::vector<int64_t> steps;
+    for (size_t i = 0; i < p.size(); ++i) steps.push_back(1 + static_cast<int64_t>(i % 5));
+    const std::vector<tg::Tensor> p1 = clones(p), m1 = clones(m), v1 = clones(v);
+    tg::foreach_adamw_(p1, g, m1, v1, steps, {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay});
+    const double tolerance = dtype == tg::DType::Float64 ? 1e-14 : 1e-5;
+    double worst = 0;
+    for (size_t i = 0; i < p.size(); ++i) {
+      const std::vector<double> pv = p[i].to_vector(), gv = g[i].to_vector(), mv = m[i].to_vector(),
+                                vv = v[i].to_vector(), p_out = p1[i].to_vector(), m_out = m1[i].to_vector(),
+                                v_out = v1[i].to_vector();
+      const double t = static_cast<double>(steps[i]);
+      const double c1 = 1 - std::pow(o.beta1, t), c2 = 1 - std::pow(o.beta2, t);
+      for (size_t j = 0; j < pv.size(); ++j) {
+        const double mj = o.beta1 * mv[j] + (1 - o.beta1) * gv[j], vj = o.beta2 * vv[j] + (1 - o.beta2) * gv[j] * gv[j];
+        const double pj = pv[j] * (1 - o.lr * o.weight_decay) - o.lr / c1 * mj / (std::sqrt(vj / c2) + o.eps);
+        worst = std::max({worst, std::abs(m_out[j] - mj), std::abs(v_out[j] - vj), std::abs(p_out[j] - pj)});
+      }
+    }
+    CAPTURE(worst);
+    CHECK(worst <= tolerance);
+  }
+}
+
+TEST_CASE("foreach/sum_of_squares and mul_ over several launches, empty tensors and an empty list") {
+  const std::vector<tg::Tensor> xs = random_list(5, tg::DType::Float64);
+  double expected = 0;
+  for (const tg::Tensor& x : xs)
+    for (double v : x.to_vector()) expected += v * v;
+  const tg::Tensor total = tg::foreach_sum_of_squares(xs);
+  CHECK(total.dtype() == tg::DType::Float64);
+  CHECK(total.dim() == 0);
+  CHECK(total.item() == doctest::Approx(expected).epsilon(1e-13));
+  CHECK(tg::foreach_sum_of_squares({}).item() == 0.0);
+  CHECK(tg::foreach_sum_of_squares({tg::zeros({0})}).item() == 0.0);
+  // float32 values squared in float64: 1e20^2 is past float32's range.
+  CHECK(tg::foreach_sum_of_squares({tg::full({3}, 1e20)}).item() == doctest::Approx(3e40).epsilon(1e-6));
+
+  const std::vector<tg::Tensor> scaled = clones(xs);
+  tg::foreach_mul_(scaled, -0.25);
+  for (size_t i = 0; i < xs.size(); ++i) CHECK(max_abs_diff(scaled[i], tg::mul(xs[i], -0.25)) == 0.0);
+}
+
+TEST_CASE("foreach/bad lists are errors naming the list, the index and what differs") {
+  const tg::Tensor a = tg::zeros({3}), b = tg::zeros({4}), d = tg::zeros({3}, {tg::DType::Float64});
+  const tg::AdamWHyper h{0.1, 0.9, 0.999, 1e-8, 0.0};
+  CHECK(error_of([&] { tg::foreach_adamw_({a}, {a, a}, {a}, {a}, {1}, h); }) ==
+        "foreach_adamw_: grads holds 2 tensors, params holds 1");
+  CHECK(error_of([&] { tg::foreach_adamw_({a}, {b}, {a}, {a}, {1}, h); }) ==
+        "foreach_adamw_: grads[0] is [4], params[0] is [3]");
+  CHECK(error_of([&] { tg::foreach_adamw_({a, d}, {a, d}, {a, d}, {a, d}, {1, 1}, h); }) ==
+        "foreach_adamw_: params[1] is float64 on cpu, params[0] is float32 on cpu (one dtype and one device per call)");
+  CHECK(error_of([&] { tg::foreach_adamw_({a}, {a}, {a}, {a}, {0}, h); }) ==
+        "foreach_adamw_: steps[0] is 0; a step counts itself, so it is at least 1");
+  CHECK(error_of([&] { tg::foreach_adamw_({a}, {a}, {a}, {a}, {}, h); }) ==
+        "foreach_adamw_: steps holds 0 counts, params 1 tensors");
+  const tg::Tensor t = tg::zeros({2, 3}).transpose(0, 1);
+  CHECK(error_of([&] { tg::foreach_mul_({t}, 2.0); }) ==
+        "foreach_mul_: xs[0] [3,2] with strides [1,3] is not contiguous");
+  CHECK(error_of([&] { tg::foreach_sum_of_squares({a, tg::Tensor()}); }) ==
+        "foreach_sum_of_squares: xs[1] is an undefined tensor");
+}
+
+// A parameter that is a transposed view steps through a contiguous copy
+// written back: the same values as a contiguous twin's.
+TEST_CASE("optim/AdamW steps a parameter that is not contiguous like a contiguous one") {
+  tg::manual_seed(7);
+  const tg::Tensor base = tg::randn({3, 4}, {tg::DType::Float64});
+  tg::Tensor strided = base.clone().transpose(0, 1).requires_grad_();
+  tg::Tensor twin = base.clone().transpose(0, 1).contiguous().requires_grad_();
+  REQUIRE_FALSE(strided.is_contiguous());
+  optim::AdamW a({strided}), b({twin});
+  const tg::Tensor g = tg::randn({4, 3}, {tg::DType::Float64});
+  for (int k = 0; k < 2; ++k) {
+    for (tg::Tensor* p : {&strided, &twin}) {
+      p->zero_grad();
+      tg::sum(tg::mul(*p, g)).backward();
+    }
+    a.step();
+    b.step();
+  }
+  CHECK(max_abs_diff(strided, twin) == 0.0);
+  CHECK(max_abs_diff(strided, base.transpose(0, 1)) > 1e-4);
 }
