@@ -141,9 +141,7 @@ void Tensor::backward(const Tensor& seed, bool retain_graph) const {
 
 // ---- in-place
 
-namespace {
-// The rules every in-place write follows (none of them is recorded on the tape).
-void check_inplace(const char* op, const Tensor& t, const Tensor& src = Tensor()) {
+void check_inplace(const char* op, const Tensor& t, const Tensor& src) {
   TG_CHECK(!(t.requires_grad() && t.is_leaf() && autograd::GradMode::enabled()), op,
            ": in-place write to a leaf tensor of shape ", t.shape(),
            " that requires grad; wrap it in tg::NoGradGuard");
@@ -157,7 +155,8 @@ void check_inplace(const char* op, const Tensor& t, const Tensor& src = Tensor()
            src.shape(), " requires grad, but an in-place ", op, " is not recorded on the tape, so its gradient would be "
            "lost; use the out-of-place op, or wrap the update in tg::NoGradGuard");
 }
-}  // namespace
+
+void bump_version(const Tensor& t) { t.impl()->storage->bump_version(); }
 
 Tensor& Tensor::add_(const Tensor& other, double alpha) {
   check_defined("add_", "other", other);
@@ -177,14 +176,14 @@ Tensor& Tensor::mul_(double factor) {
 Tensor& Tensor::fill_(double value) {
   check_inplace("fill_", *this);
   fill_into(*this, value);
-  impl_->storage->bump_version();
+  bump_version(*this);
   return *this;
 }
 
 Tensor& Tensor::copy_(const Tensor& src) {
   check_inplace("copy_", *this, src);
   copy_into(*this, src);
-  impl_->storage->bump_version();
+  bump_version(*this);
   return *this;
 }
 

@@ -114,6 +114,15 @@ class Tensor {
   std::shared_ptr<TensorImpl> impl_;
 };
 
+// The rules every in-place write follows (the methods above), for ops that
+// write into their arguments (ops/foreach.h): t must not be a leaf that
+// requires grad or a tracked result while grad mode is on, nor an expanded
+// view; src (when given) must not require grad while grad mode is on.
+void check_inplace(const char* op, const Tensor& t, const Tensor& src = Tensor());
+// Marks an in-place write into t: a tensor saved for backward before it then
+// fails the engine's version check rather than giving a wrong gradient.
+void bump_version(const Tensor& t);
+
 // ---- factories
 Tensor empty(const Shape& shape, TensorOptions opts = {});
 Tensor empty_like(const Tensor& t);

@@ -130,11 +130,7 @@ void SGD::step() {
 
 AdamW::AdamW(std::vector<Tensor> params, const AdamWOptions& options)
     : Optimizer(std::move(params), options.lr, "AdamW"), options_(options) {
-  const auto& o = options;
-  TG_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, "AdamW: betas must be in [0, 1), got (",
-           o.beta1, ", ", o.beta2, ")");
-  TG_CHECK(finite_nonnegative(o.eps) && finite_nonnegative(o.weight_decay), "AdamW: eps ", o.eps, " and weight_decay ",
-           o.weight_decay, " must be finite and >= 0");
+  check_adamw_hyper("AdamW", {options.lr, options.beta1, options.beta2, options.eps, options.weight_decay});
 }
 
 std::vector<std::string> AdamW::buffer_names() const { return {"exp_avg", "exp_avg_sq"}; }
@@ -167,7 +163,7 @@ void AdamW::step() {
   }
   for (const auto& [key, g] : groups)
     foreach_adamw_(g.params, g.grads, g.exp_avgs, g.exp_avg_sqs, g.steps, {lr_, o.beta1, o.beta2, o.eps, o.weight_decay});
-  for (const auto& [p, stepped] : copies) copy_into(p, stepped);
+  for (auto& [p, stepped] : copies) p.copy_(stepped);
 }
 
 // ---- CosineSchedule
@@ -197,8 +193,11 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
   TG_CHECK(std::isfinite(max_norm) && max_norm > 0, "clip_grad_norm_: max_norm must be finite and > 0, got ", max_norm);
   NoGradGuard no_grad;
   std::vector<Tensor> grads;
+  std::set<const TensorImpl*> seen;
   for (size_t i = 0; i < params.size(); ++i) {
     TG_CHECK(params[i].defined(), "clip_grad_norm_: parameter ", i, " is an undefined tensor");
+    TG_CHECK(seen.insert(params[i].impl().get()).second, "clip_grad_norm_: parameter ", i, " ", params[i].shape(),
+             " appears more than once (its gradient would count and be scaled twice)");
     if (params[i].grad().defined()) grads.push_back(params[i].grad());
   }
   // The sum of squares in float64 (squared in float32, 1e20 would overflow

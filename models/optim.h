@@ -1,6 +1,9 @@
 // Optimizers, a learning-rate schedule and gradient clipping, with
-// torch.optim's update rules. A step runs under NoGradGuard with the existing
-// ops and in-place methods, so it works on CPU and CUDA tensors alike.
+// torch.optim's update rules. A step runs under NoGradGuard, on CPU and CUDA
+// tensors alike: SGD with the tensor methods, AdamW and clipping with
+// ops/foreach.h's list updates (a few launches per step, not several per
+// parameter). Each write bumps the tensor's version counter, as in-place
+// methods do.
 // Parameters without a gradient are skipped, and their state stays as it was.
 #pragma once
 #include <map>
@@ -110,8 +113,11 @@ namespace tg::nn::utils {
 
 // torch.nn.utils.clip_grad_norm_: returns the 2-norm of all the gradients
 // together, and scales every gradient by min(1, max_norm / (norm + 1e-6)).
-// Parameters without a gradient are skipped. As in PyTorch, a non-finite norm
-// is returned as it is and still scales the gradients (to NaN or 0): check it.
+// Parameters without a gradient are skipped; a parameter listed twice is an
+// error (PyTorch would count and scale its gradient twice). As in PyTorch, a
+// non-finite norm is returned as it is and still scales the gradients (to NaN
+// or 0): check it. The norm's sum of squares has the same bits on the CPU
+// and the GPU (ops/foreach.h).
 double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm);
 
 }  // namespace tg::nn::utils

@@ -4,9 +4,9 @@
 // and ~5 for clipping, each launch longer than its work (bench/NOTES.md,
 // version 40). Each function takes tensors of any sizes on one device, of
 // one floating dtype and contiguous, and runs one kernel per kForeachSlots
-// tensors over all their elements. Untracked in-place writes (like
-// ops/untracked.h's): for parameters and optimizer state, not for tensors
-// on the tape.
+// tensors over all their elements. The tensors it writes follow the rules of
+// the in-place methods (core/tensor.h's check_inplace; their version
+// counters are bumped) and share memory with no other tensor of the call.
 //
 //   adamw:            p <- p (1 - lr wd)
 //                     m <- beta1 m + (1 - beta1) g
@@ -26,6 +26,9 @@ constexpr int kForeachSlots = 48;  // tensors per launch (their table travels as
 struct AdamWHyper {
   double lr, beta1, beta2, eps, weight_decay;
 };
+
+// lr, eps and weight_decay finite and >= 0, betas in [0, 1); errors name op.
+void check_adamw_hyper(const char* op, const AdamWHyper& hyper);
 
 // One AdamW step of params[i] with gradient grads[i], moments exp_avgs[i]
 // and exp_avg_sqs[i] (all of one shape per i), steps[i] counting this one.

@@ -36,7 +36,10 @@ struct AdamWSlots {
   T *m[kForeachSlots], *v[kForeachSlots];
   T neg_step_size[kForeachSlots], inv_sqrt_c2[kForeachSlots];  // -lr / c1 and 1 / sqrt(c2) of each tensor's step
   T decay, beta1, one_minus_beta1, beta2, one_minus_beta2, eps;
-  // The composite's float operations in its order (models/optim.cpp before version 40).
+  // PyTorch's order of operations (models/optim.h). The CPU build does not
+  // contract them (-ffp-contract=off: the same bits as the step written with
+  // the tensor methods before bench/NOTES.md version 40); nvcc fuses the
+  // multiply-adds, so the GPU's last bits differ from the CPU's.
   TG_HD void operator()(int64_t i) const {
     const int k = table.slot_of(i);
     const int64_t j = i - table.start[k];
@@ -52,7 +55,18 @@ struct AdamWSlots {
 // Lanes of the sum of squares: lane l sums x_i^2 over i = l, l + kSquareLanes,
 // ... of the list's elements end to end, so that the order of additions
 // depends on the sizes alone; the partials are then summed by column sums.
+// Each square is rounded before its addition on both devices (nvcc would
+// fuse them), so the CPU and the GPU give the same bits.
 constexpr int64_t kSquareLanes = int64_t(1) << 16;
+
+// x^2 rounded on its own, never fused into the addition that follows.
+TG_HD double square_unfused(double x) {
+#ifdef __CUDA_ARCH__
+  return __dmul_rn(x, x);
+#else
+  return x * x;
+#endif
+}
 
 template <class T>
 struct SquareSumSlots {
@@ -67,7 +81,7 @@ struct SquareSumSlots {
     for (int64_t i = offset; i < table.total(); i += kSquareLanes) {
       const int k = table.slot_of(i);
       const double xi = static_cast<double>(x[k][i - table.start[k]]);
-      acc += xi * xi;
+      acc += square_unfused(xi);
     }
     partial[lane] += acc;
   }

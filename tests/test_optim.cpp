@@ -405,6 +405,62 @@ TEST_CASE("foreach/bad lists are errors naming the list, the index and what diff
         "foreach_mul_: xs[0] [3,2] with strides [1,3] is not contiguous");
   CHECK(error_of([&] { tg::foreach_sum_of_squares({a, tg::Tensor()}); }) ==
         "foreach_sum_of_squares: xs[1] is an undefined tensor");
+  CHECK(error_of([&] { tg::foreach_adamw_({a}, {a}, {a}, {a}, {1}, {0.1, 1.0, 0.999, 1e-8, 0.0}); }) ==
+        "foreach_adamw_: betas must be in [0, 1), got (1, 0.999)");
+  CHECK(error_of([&] { tg::foreach_adamw_({a}, {a}, {a}, {a}, {1}, {-1.0, 0.9, 0.999, 1e-8, 0.0}); }) ==
+        "foreach_adamw_: lr must be finite and >= 0, got -1");
+  CHECK(error_of([&] { tg::foreach_adamw_({a}, {a}, {a}, {a}, {1}, {0.1, 0.9, 0.999, NAN, 0.0}); }) ==
+        "foreach_adamw_: eps nan and weight_decay 0 must be finite and >= 0");
+  const tg::Tensor leaf = tg::zeros({3}).requires_grad_();
+  CHECK(error_of([&] { tg::foreach_mul_({leaf}, 2.0); }) ==
+        "foreach_mul_: in-place write to a leaf tensor of shape [3] that requires grad; wrap it in tg::NoGradGuard");
+}
+
+// One launch writes a call's tensors at once, so those it writes may share
+// memory with no other tensor of the call; tensors it only reads may.
+TEST_CASE("foreach/tensors a call writes share no memory") {
+  const tg::Tensor x = tg::zeros({200});
+  CHECK(error_of([&] { tg::foreach_mul_({x, x}, 2.0); }) ==
+        "foreach_mul_: xs[0] and xs[1] share memory; a tensor a call writes must share it with no other tensor of "
+        "the call");
+  CHECK(error_of([&] { tg::foreach_mul_({x.narrow(0, 0, 4), x.narrow(0, 2, 4)}, 2.0); }) ==
+        "foreach_mul_: xs[0] and xs[1] share memory; a tensor a call writes must share it with no other tensor of "
+        "the call");
+  tg::foreach_mul_({x.narrow(0, 0, 4), x.narrow(0, 4, 4)}, 2.0);  // neighbours, not overlapping
+  const auto fresh = [](int64_t n) { return tg::zeros({n}); };
+  const tg::AdamWHyper h{0.1, 0.9, 0.999, 1e-8, 0.0};
+  // grads[0] covers x[0, 100), grads[1] x[10, 20) (reads may overlap), params[2] x[50, 60): the write clashes
+  // with grads[0], not with its neighbour in address order, grads[1].
+  const std::vector<tg::Tensor> grads{x.narrow(0, 0, 100), x.narrow(0, 10, 10), fresh(10)};
+  const std::vector<tg::Tensor> params{fresh(100), fresh(10), x.narrow(0, 50, 10)};
+  const std::vector<tg::Tensor> m{fresh(100), fresh(10), fresh(10)}, v{fresh(100), fresh(10), fresh(10)};
+  CHECK(error_of([&] { tg::foreach_adamw_(params, grads, m, v, {1, 1, 1}, h); }) ==
+        "foreach_adamw_: grads[0] and params[2] share memory; a tensor a call writes must share it with no other "
+        "tensor of the call");
+  const std::vector<tg::Tensor> separate{fresh(100), fresh(10), fresh(10)};
+  const std::vector<tg::Tensor> v_sharing_m{m[0], v[1], v[2]};
+  CHECK(error_of([&] { tg::foreach_adamw_(params, separate, m, v_sharing_m, {1, 1, 1}, h); }) ==
+        "foreach_adamw_: exp_avgs[0] and exp_avg_sqs[0] share memory; a tensor a call writes must share it with no "
+        "other tensor of the call");
+  tg::foreach_adamw_(separate, grads, m, v, {1, 1, 1}, h);  // overlapping reads only
+}
+
+// An optimizer step writes the parameters in place: a graph that saved a
+// parameter before the step cannot be differentiated after it (as with
+// PyTorch's version counters), rather than giving a gradient at the new value.
+TEST_CASE("optim/AdamW steps and clipping bump the version counters of what they write") {
+  tg::Tensor p = param64({1, 2, 3});
+  optim::AdamW adamw({p}, {.lr = 0.1});
+  const tg::Tensor y = tg::sum(tg::mul(p, p));  // saves p
+  set_grad(p, {1, 1, 1});
+  const uint64_t before = p.version(), grad_before = p.grad().version();
+  adamw.step();
+  CHECK(p.version() > before);
+  CHECK(contains(error_of([&] { y.backward(); }), "modified in place"));
+  CHECK(tg::nn::utils::clip_grad_norm_({p}, 1e-3) > 1e-3);
+  CHECK(p.grad().version() > grad_before);
+  CHECK(error_of([&] { tg::nn::utils::clip_grad_norm_({p, p}, 1.0); }) ==
+        "clip_grad_norm_: parameter 1 [3] appears more than once (its gradient would count and be scaled twice)");
 }
 
 // A parameter that is a transposed view steps through a contiguous copy
