@@ -203,8 +203,8 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
   // The sum of squares in float64 (squared in float32, 1e20 would overflow
   // and 1e-25 underflow), one foreach_sum_of_squares per device and dtype,
   // read back once per device rather than once per parameter (each read is a
-  // device synchronisation).
-  // A gradient that is not contiguous is summed as a contiguous copy and scaled by itself.
+  // device synchronisation). A gradient that is not contiguous is summed as a
+  // contiguous copy and scaled by itself.
   std::map<std::pair<Device, DType>, std::vector<Tensor>> summed, scaled;
   std::vector<Tensor> strided;
   for (const Tensor& g : grads) {

@@ -15,9 +15,11 @@ TG_INSTANTIATE_KERNELS(ForeachKernels, Device::CPU);
 
 namespace {
 
+using Lists = std::vector<std::pair<const char*, const std::vector<Tensor>*>>;  // (name, list)
+
 // Every tensor of every list defined, contiguous, of the first one's dtype
 // and device, and of its list-mate's shape in the first list.
-void check_lists(const char* op, const std::vector<std::pair<const char*, const std::vector<Tensor>*>>& lists) {
+void check_lists(const char* op, const Lists& lists) {
   const auto& [first_name, first] = lists.front();
   for (const auto& [name, list] : lists) {
     TG_CHECK(list->size() == first->size(), op, ": ", name, " holds ", list->size(), " tensors, ", first_name,
@@ -37,8 +39,6 @@ void check_lists(const char* op, const std::vector<std::pair<const char*, const 
     }
   }
 }
-
-using Lists = std::vector<std::pair<const char*, const std::vector<Tensor>*>>;
 
 // The tensors a call writes follow the in-place rules (core/tensor.h's
 // check_inplace), and no two of them, or one of them and a tensor it
