@@ -164,5 +164,4 @@ TG_HD KeepPair dropout_keep_pair(uint32_t lane_bits, uint32_t high_threshold) {
   return {(lane_bits << 16) >= high_threshold, lane_bits >= high_threshold};
 }
 
-
 }  // namespace tg

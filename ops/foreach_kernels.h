@@ -13,18 +13,22 @@ namespace tg {
 
 // The tensors of one launch seen end to end: element i is element
 // i - start[k] of tensor k, start[k] <= i < start[k + 1].
+struct Slot {
+  int k;      // the tensor
+  int64_t j;  // the element in it
+};
 struct SlotTable {
   int count = 0;
   int64_t start[kForeachSlots + 1] = {};
   TG_HD int64_t total() const { return start[count]; }
-  TG_HD int slot_of(int64_t i) const {  // the last k with start[k] <= i (empty tensors are never found)
+  TG_HD Slot locate(int64_t i) const {  // k: the last with start[k] <= i (empty tensors are never found)
     int lo = 0, hi = count - 1;
     while (lo < hi) {
       const int mid = (lo + hi + 1) / 2;
       if (start[mid] <= i) lo = mid;
       else hi = mid - 1;
     }
-    return lo;
+    return {lo, i - start[lo]};
   }
 };
 
@@ -41,8 +45,7 @@ struct AdamWSlots {
   // the tensor methods before bench/NOTES.md version 40); nvcc fuses the
   // multiply-adds, so the GPU's last bits differ from the CPU's.
   TG_HD void operator()(int64_t i) const {
-    const int k = table.slot_of(i);
-    const int64_t j = i - table.start[k];
+    const auto [k, j] = table.locate(i);
     const T grad = g[k][j];
     const T mj = m[k][j] * beta1 + one_minus_beta1 * grad;
     const T vj = v[k][j] * beta2 + one_minus_beta2 * (grad * grad);
@@ -79,9 +82,8 @@ struct SquareSumSlots {
     const int64_t offset = ((lane - first) % kSquareLanes + kSquareLanes) % kSquareLanes;
     double acc = 0;
     for (int64_t i = offset; i < table.total(); i += kSquareLanes) {
-      const int k = table.slot_of(i);
-      const double xi = static_cast<double>(x[k][i - table.start[k]]);
-      acc += square_unfused(xi);
+      const auto [k, j] = table.locate(i);
+      acc += square_unfused(static_cast<double>(x[k][j]));
     }
     partial[lane] += acc;
   }
@@ -93,8 +95,8 @@ struct ScaleSlots {
   T* x[kForeachSlots];
   T s;
   TG_HD void operator()(int64_t i) const {
-    const int k = table.slot_of(i);
-    x[k][i - table.start[k]] *= s;
+    const auto [k, j] = table.locate(i);
+    x[k][j] *= s;
   }
 };
 

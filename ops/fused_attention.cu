@@ -285,6 +285,14 @@ void check_aligned(const char* what, const Tensor& t, size_t bytes) {
            " must start on a ", bytes, "-byte boundary");
 }
 
+// dq [B,S,C] as the passes after the backward read it: contiguous float
+// quads, B S rows of C = H D.
+void check_float_dq(const char* op, const Tensor& dq, const AttentionDims& d) {
+  TG_CHECK(dq.is_contiguous() && dq.numel() == d.B * d.S * d.H * kD && aligned16(dq.raw_data()), op, ": dq ",
+           dq.shape(), " must hold B S = ", d.B * d.S, " rows of C = ", d.H * kD,
+           " columns, contiguous and 16-byte aligned");
+}
+
 // q, k, v (and the gradient views) must allow 16-byte loads of a head row.
 void check_rows(const char* what, const Tensor& t) {
   const auto& st = t.strides();
@@ -425,9 +433,8 @@ void FusedAttentionKernels<Device::CUDA>::reduce_dq(const Tensor& dq, const Half
                                                     const AttentionDims& d) {
   using namespace cuda;
   const int64_t rows = d.B * d.S, C = d.H * kD;
-  TG_CHECK(dq.is_contiguous() && dq.numel() == rows * C && aligned16(dq.raw_data()) && kv.db.numel() == 3 * C,
-           "reduce_dq: dq ", dq.shape(), " and db ", kv.db.shape(), " do not hold B S = ", rows, " rows of C = ", C,
-           " columns and 3C biases (dq contiguous and 16-byte aligned)");
+  check_float_dq("reduce_dq", dq, d);
+  TG_CHECK(kv.db.numel() == 3 * C, "reduce_dq: db ", kv.db.shape(), " must hold 3C = ", 3 * C, " biases");
   if (rows == 0) return;
   const int64_t row_quads = C / 4;
   const int64_t column_blocks = (row_quads + kThreads - 1) / kThreads;
@@ -444,10 +451,10 @@ void FusedAttentionKernels<Device::CUDA>::join_half_qkv(const Tensor& dq, const 
                                                         const AttentionDims& d, const Tensor& dqkv_values) {
   using namespace cuda;
   const int64_t rows = d.B * d.S, C = d.H * kD;
-  TG_CHECK(dq.is_contiguous() && dq.numel() == rows * C && aligned16(dq.raw_data()) &&
-               dqkv_values.numel() == rows * 3 * C / 2 && kv.values.numel() == rows * C,
-           "join_half_qkv: dq ", dq.shape(), ", dk and dv ", kv.values.shape(), " and dqkv ", dqkv_values.shape(),
-           " do not hold B S = ", rows, " rows of C = ", C, " columns each (dq contiguous and 16-byte aligned)");
+  check_float_dq("join_half_qkv", dq, d);
+  TG_CHECK(dqkv_values.numel() == rows * 3 * C / 2 && kv.values.numel() == rows * C, "join_half_qkv: dk and dv ",
+           kv.values.shape(), " and dqkv ", dqkv_values.shape(), " do not hold B S = ", rows, " rows of C = ", C,
+           " columns each");
   if (rows == 0) return;
   float* scratch = kv.scratch.data<float>();
   const HalfJoin join{dq.data<float>(), reinterpret_cast<const __half*>(kv.values.data<float>()),
