@@ -145,9 +145,11 @@ TG_HD uint32_t dropout_bits(PhiloxState s, int64_t row, int64_t col, int64_t col
 // Dropout keeps an element when its uniform u = n 2^-16 (n its 16-bit draw) is
 // at least p: since n is an integer, n >= p 2^16 exactly when n >= ceil(p 2^16),
 // one integer compare per element, the form every dropout (the op's, the fused
-// kernels', their CPU loops) uses. A p in (1 - 2^-16, 1) takes 2^16 - 1, the
-// largest threshold a 16-bit lane compare can hold: it keeps 2^-16 of the
-// elements, not none. (p is a float in [0, 1): check_dropout_p.)
+// kernels', their CPU loops) uses. The threshold of kMaxDropoutP, 2^16 - 1,
+// is the largest a 16-bit lane compare can hold: it keeps 2^-16 of the
+// elements. check_dropout_p admits no larger p; a larger one still gets
+// 2^16 - 1 here, never a threshold that keeps none.
+constexpr float kMaxDropoutP = 1.0f - 0x1p-16f;
 TG_HD uint32_t dropout_keep_threshold(float p) {
   const uint32_t t = static_cast<uint32_t>(std::ceil(p * 65536.0f));
   return t < 0xffffu ? t : 0xffffu;

@@ -36,7 +36,8 @@ class Optimizer {
   void load_state_dict(const StateDict& dict);
 
  protected:
-  // params: leaves, each once; a non-empty list. `name` prefixes errors.
+  // params: leaves, each once, none an expanded view or sharing memory with
+  // another (each is updated in place); a non-empty list. `name` prefixes errors.
   Optimizer(std::vector<Tensor> params, double lr, const char* name);
 
   struct ParamState {
@@ -50,6 +51,9 @@ class Optimizer {
   std::vector<ParamState> state_;
   double lr_;
   const char* name_;
+
+ private:
+  void check_disjoint_params() const;
 };
 
 struct SGDOptions {

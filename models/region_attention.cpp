@@ -16,8 +16,9 @@
 namespace tg {
 
 RegionAttentionParams RegionAttentionParams::init(const RegionAttentionConfig& cfg, TensorOptions opts) {
-  TG_CHECK(cfg.heads > 0 && cfg.hidden % cfg.heads == 0, "RegionAttentionParams::init: hidden ", cfg.hidden,
-           " is not divisible by heads ", cfg.heads);
+  TG_CHECK(cfg.heads > 0 && cfg.hidden > 0 && cfg.hidden % cfg.heads == 0 && cfg.max_positions > 0,
+           "RegionAttentionParams::init: hidden ", cfg.hidden, " must be a positive multiple of heads ", cfg.heads,
+           ", and max_positions ", cfg.max_positions, " positive");
   opts.requires_grad = false;
   const int64_t C = cfg.hidden, H = cfg.heads, M = cfg.max_positions;
   auto small_normal = [&](const Shape& s) { return mul(randn(s, opts), 0.02).requires_grad_(); };

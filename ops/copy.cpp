@@ -10,15 +10,14 @@ namespace tg {
 
 TG_INSTANTIATE_KERNELS(CopyKernels, Device::CPU);
 
-namespace {
-
-// The bytes a view can touch, [begin, end).
 std::pair<const char*, const char*> byte_range(const Tensor& t) {
   const ElementSpan s = element_span(t.shape(), t.strides(), 0);
   const char* base = static_cast<const char*>(t.raw_data());
   const int64_t elem = static_cast<int64_t>(element_size(t.dtype()));
   return {base + s.begin * elem, base + s.end * elem};
 }
+
+namespace {
 
 // A contiguous copy of x on its device.
 Tensor copy_of(const Tensor& x) {

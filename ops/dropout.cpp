@@ -14,8 +14,8 @@ namespace tg {
 TG_INSTANTIATE_KERNELS(DropoutKernels, Device::CPU);
 
 void check_dropout_p(const char* op, const char* name, double p) {
-  TG_CHECK(p >= 0.0 && static_cast<float>(p) < 1.0f, op, ": ", name, " must be in [0, 1) (as a float), got ",
-           std::setprecision(12), p);
+  TG_CHECK(p >= 0.0 && static_cast<float>(p) <= kMaxDropoutP, op, ": ", name,
+           " must be in [0, 1 - 2^-16] as a float (dropout draws 16 bits), got ", std::setprecision(12), p);
 }
 
 namespace {

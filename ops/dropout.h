@@ -2,8 +2,8 @@
 // Philox (seed, offset, and the element's row and column in the tensor seen
 // as rows of its last dim: core/philox.h, dropout_bits) — never stored — or
 // given explicitly as a 0/1 tensor. keep = uniform >= p, the uniform a 16-bit
-// draw over 2^16, so p acts rounded up to a multiple of 2^-16 (at most
-// 1 - 2^-16: dropout_keep_threshold). Dropout is linear in x, so its backward is the same op on g:
+// draw over 2^16, so p acts rounded up to a multiple of 2^-16 (p is at most
+// 1 - 2^-16: check_dropout_p). Dropout is linear in x, so its backward is the same op on g:
 //
 //   x <- g * keep / (1 - p)
 //
@@ -24,9 +24,11 @@ struct DropoutOptions {
 };
 
 Tensor dropout(const Tensor& x, const DropoutOptions& options);
-// p in [0, 1), also as a float: every dropout keeps by the threshold of
-// float(p) (core/philox.h), and a p that rounds to 1 as a float would not
-// mean "drop all". Errors name op and the argument `name`.
+// p in [0, 1 - 2^-16], also as a float: every dropout keeps by the
+// threshold of float(p) on 16-bit draws (core/philox.h), which keeps a
+// fraction of the elements within 2^-16 of 1 - p and never less than 2^-16;
+// a larger p would keep more than 1 - p and, scaled by 1 / (1 - p), inflate
+// the output (at p = 1 - 10^-7 some 150-fold). Errors name op and the argument `name`.
 void check_dropout_p(const char* op, const char* name, double p);
 // The 0/1 keep mask that dropout(x, {p, state}) applies to a tensor of `shape`.
 Tensor dropout_mask(const Shape& shape, double p, PhiloxState state, TensorOptions opts = {});

@@ -103,9 +103,11 @@ void cpu_forward(const AttentionInputs& in, const Tensor& o_t, const Tensor& lse
       }
       m = m_new;
     }
+    // l is 0 only where every key is masked (o 0, lse -inf); a NaN l (a NaN
+    // or +inf score: std::max passes over NaN, so it shows in l) gives NaN.
     T* oi = o + (b * d.S + i) * d.H * d.D + h * d.D;
-    for (int64_t dd = 0; dd < d.D; ++dd) oi[dd] = l > 0 ? acc[dd] / l : T(0);
-    lse[row] = l > 0 ? m + std::log(l) : -inf;
+    for (int64_t dd = 0; dd < d.D; ++dd) oi[dd] = l != 0 ? acc[dd] / l : T(0);
+    lse[row] = l != 0 ? m + std::log(l) : -inf;
   });
 }
 
@@ -624,6 +626,10 @@ LayerDims check_backward_args(const BackwardInputs& in, const Gradients& out) {
     for (size_t i = 0; i < inputs.size(); ++i)
       TG_CHECK(!inputs[i].defined() || !bytes_overlap(outputs[o], inputs[i]), op, ": output ", kOutputNames[o],
                " overlaps input ", kInputNames[i], " (the inputs must not change)");
+  for (size_t o = 0; o < outputs.size(); ++o)
+    for (size_t other = o + 1; other < outputs.size(); ++other)
+      TG_CHECK(!bytes_overlap(outputs[o], outputs[other]), op, ": outputs ", kOutputNames[o], " ",
+               outputs[o].shape(), " and ", kOutputNames[other], " ", outputs[other].shape(), " share memory");
   return {B, S, C, H, D, M};
 }
 

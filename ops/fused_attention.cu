@@ -152,12 +152,14 @@ __global__ void __launch_bounds__(kFwdThreads, ForwardLayout<Mma>::kMinCtasPerSm
     l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
     l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
     if (rows[r] >= sc.S) continue;
-    const float inv = l_run[r] > 0.f ? o_scale / l_run[r] : 0.f;
+    // l_run is 0 only where every key is masked (o 0, lse -inf); a NaN
+    // (a NaN or +inf score: fmaxf passes over NaN, so it shows in l_run) gives NaN.
+    const float inv = l_run[r] != 0.f ? o_scale / l_run[r] : 0.f;
     float* o_row = p.o + (b * sc.S + rows[r]) * C + h * kD;
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
       *reinterpret_cast<float2*>(o_row + 8 * nt + 2 * t) = make_float2(acc[nt][2 * r] * inv, acc[nt][2 * r + 1] * inv);
-    if (t == 0) p.lse[row_id[r]] = l_run[r] > 0.f ? (shift_log2e[r] + log2f(l_run[r])) * kLn2 : -INFINITY;
+    if (t == 0) p.lse[row_id[r]] = l_run[r] != 0.f ? (shift_log2e[r] + log2f(l_run[r])) * kLn2 : -INFINITY;
   }
 }
 

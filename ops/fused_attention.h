@@ -83,7 +83,7 @@ extern const char* const kOutputNames[8];
 // Reads grad_output, hidden_states, the weights, query/key/value,
 // attention_probs, attention_probs_dropped, attention_output and the masks (P is
 // read, not recomputed: no log-sum-exp is given); modifies none of them, and no
-// output may share memory with an input (tg::Error). On the CPU the masks are
+// output may share memory with an input or another output (tg::Error). On the CPU the masks are
 // checked to hold only 0 and 1; on CUDA they are taken as given, since that
 // check would need a host synchronisation, which this backward never makes.
 // Precision on CUDA: at "high" the attention core's backward kernel and the

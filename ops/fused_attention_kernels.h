@@ -84,10 +84,16 @@ struct AttentionGradTensors {
   Tensor edit_bias_sums;
 };
 
+// The edit terms of a score: w_in e_i e_j + w_x cross(e_i, e_j).
+template <class T>
+TG_HD T edit_term(T w_in, T w_x, T ei, T ej) {
+  return w_in * ei * ej + w_x * cross_term(ei, ej);
+}
+
 // The score of query i against key j of head h before masking.
 template <class T>
 TG_HD T attention_score(T qk, T scale, T E_hij, T w_in, T w_x, T ei, T ej) {
-  return scale * qk + E_hij + w_in * ei * ej + w_x * cross_term(ei, ej);
+  return scale * qk + E_hij + edit_term(w_in, w_x, ei, ej);
 }
 
 // CTAs of a kernel resident per SM on this device (the occupancy

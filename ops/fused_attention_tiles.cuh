@@ -341,11 +341,12 @@ __device__ void transpose_rows(const float* natural, int n, float* transposed, i
 // The terms of a score beside q . k and E for one key: w_in e_i e_j + w_x
 // cross(e_i, e_j) for a query with e_i = 0 (.x) and e_i = 1 (.y), or -inf for
 // a key that is masked or past S. The masks are 0/1 (check_binary_mask), so
-// these four values are attention_score's last two terms, and a kernel adds
-// one of them per score instead of evaluating the sum.
+// a kernel adds one of these two per score instead of evaluating the sum.
+// They are evaluated as products, as the decomposed graph does, so that a
+// NaN or infinite w_in or w_x spoils the same scores there and here (0 w is NaN).
 __device__ __forceinline__ float2 edit_terms(bool key_ok, float e_j, float w_in, float w_x) {
   if (!key_ok) return {-INFINITY, -INFINITY};
-  return e_j != 0.f ? float2{w_x, w_in} : float2{0.f, w_x};
+  return {edit_term(w_in, w_x, 0.f, e_j), edit_term(w_in, w_x, 1.f, e_j)};
 }
 
 // Whether key j of batch b takes part: it exists and is not masked.

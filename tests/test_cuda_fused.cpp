@@ -529,6 +529,71 @@ TEST_CASE("fused/training path at small shapes matches the decomposed graph" * d
   check_training_matches_decomposed(2, 150, 128, 2, -1, a);
 }
 
+// A NaN or infinite input: the fused op's output and gradients are
+// non-finite exactly where the decomposed graph's are, at both precisions
+// (the forward's row sums carry what its row max passes over; the edit terms
+// are products, as the decomposed graph's: 0 NaN is NaN). The CPU test of
+// the same name checks the finite elements too.
+TEST_CASE("fused/training path: a NaN or Inf in an input shows where the decomposed graph's does" * doctest::skip(kNoGpu)) {
+  tg::manual_seed(106);
+  const int64_t B = 2, S = 77, C = 128, H = 2;
+  const auto finite_pattern = [](const tg::Tensor& t) {
+    std::vector<bool> finite;
+    for (double v : t.cpu().to_vector()) finite.push_back(std::isfinite(v));
+    return finite;
+  };
+  const auto poisoned = [&](const std::string& what, auto poison) {
+    CAPTURE(what);
+    tg::RegionAttentionParams host = tg::RegionAttentionParams::init({C, H, S + 3});
+    tg::Tensor x = tg::randn({B, S, C});
+    {
+      tg::NoGradGuard no_grad;  // the poison is written into leaves
+      poison(x, host);
+    }
+    const tg::Tensor e = tg::dropout_mask({B, S}, 0.5, {1, 1}), a = tg::ones({B, S});
+    const tg::Tensor dy = tg::randn({B, S, C}).cuda();
+    for (double p : {0.0, 0.1}) {
+      CAPTURE(p);
+      std::map<std::string, std::vector<std::vector<bool>>> patterns;
+      for (const auto& [name, impl, precision] :
+           std::vector<std::tuple<std::string, tg::AttentionImpl, std::string>>{
+               {"decomposed", tg::AttentionImpl::Decomposed, "highest"},
+               {"fused highest", tg::AttentionImpl::Fused, "highest"},
+               {"fused high", tg::AttentionImpl::Fused, "high"}}) {
+        const PrecisionScope scope(precision);
+        tg::RegionAttentionParams params = host;
+        for (tg::Tensor* t : {&params.qkv_weight, &params.qkv_bias, &params.out_weight, &params.out_bias,
+                              &params.edit_region_bias, &params.within_edit_bias, &params.cross_edit_bias})
+          *t = t->detach().cuda().requires_grad_();
+        tg::Tensor xg = x.cuda().requires_grad_();
+        const tg::Tensor y = tg::region_attention(xg, e.cuda(), a.cuda(), params, {p, tg::PhiloxState{77, 5}}, impl);
+        y.backward(dy);
+        patterns[name] = {finite_pattern(y), finite_pattern(xg.grad())};
+        for (const tg::Tensor& t : params.parameters()) patterns[name].push_back(finite_pattern(t.grad()));
+      }
+      const auto& ref = patterns["decomposed"];
+      CHECK(std::count(ref[0].begin(), ref[0].end(), false) > 0);  // the poison reaches the output
+      for (size_t i = 0; i < ref.size(); ++i) {
+        CAPTURE(i);
+        CHECK(patterns["fused highest"][i] == ref[i]);
+        CHECK(patterns["fused high"][i] == ref[i]);
+      }
+    }
+  };
+  const auto at = [](tg::Tensor t, std::vector<int64_t> index, double value) {
+    for (size_t d = 0; d < index.size(); ++d) t = t.narrow(static_cast<int64_t>(d), index[d], 1);
+    t.fill_(value);
+  };
+  poisoned("x[0, 5, 3] = NaN", [&](tg::Tensor& x, tg::RegionAttentionParams&) { at(x, {0, 5, 3}, NAN); });
+  poisoned("x[1, 40, 7] = +inf", [&](tg::Tensor& x, tg::RegionAttentionParams&) { at(x, {1, 40, 7}, INFINITY); });
+  poisoned("edit_region_bias[1, 10, 20] = NaN",
+           [&](tg::Tensor&, tg::RegionAttentionParams& q) { at(q.edit_region_bias, {1, 10, 20}, NAN); });
+  poisoned("within_edit_bias[0] = NaN",
+           [&](tg::Tensor&, tg::RegionAttentionParams& q) { at(q.within_edit_bias, {0}, NAN); });
+  poisoned("cross_edit_bias[1] = -inf",
+           [&](tg::Tensor&, tg::RegionAttentionParams& q) { at(q.cross_edit_bias, {1}, -INFINITY); });
+}
+
 TEST_CASE("fused/training path saves O(B H S) beyond the activations" * doctest::skip(kNoGpu || !tg::cuda::caching_enabled())) {
   tg::manual_seed(104);
   const int64_t B = 2, S = 512, C = 1024, H = 16;

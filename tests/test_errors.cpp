@@ -57,11 +57,17 @@ TEST_CASE("errors/edit_bias") {
 }
 
 TEST_CASE("errors/other ops") {
-  CHECK(error_of([] { tg::dropout(tg::zeros({2}), {1.0}); }) == "dropout: p must be in [0, 1) (as a float), got 1");
+  CHECK(error_of([] { tg::dropout(tg::zeros({2}), {1.0}); }) ==
+        "dropout: p must be in [0, 1 - 2^-16] as a float (dropout draws 16 bits), got 1");
   // below 1 as a double, 1 as a float: its keep threshold would wrap to "keep all"
   CHECK(error_of([] { tg::dropout(tg::zeros({2}), {0.99999999}); }) ==
-        "dropout: p must be in [0, 1) (as a float), got 0.99999999");
-  CHECK(error_of([] { tg::dropout_mask({2}, -0.5, {1, 1}); }) == "dropout_mask: p must be in [0, 1) (as a float), got -0.5");
+        "dropout: p must be in [0, 1 - 2^-16] as a float (dropout draws 16 bits), got 0.99999999");
+  // At the largest p, 1 - 2^-16, the draws keep 2^-16 of the elements, so the mean stays near x's.
+  const tg::Tensor kept =
+      tg::dropout(tg::ones({1 << 22}, {tg::DType::Float64}), {1.0 - 0x1p-16, tg::PhiloxState{123, 0}});
+  CHECK(std::abs(tg::mean(kept).item() - 1.0) < 0.5);
+  CHECK(error_of([] { tg::dropout_mask({2}, -0.5, {1, 1}); }) ==
+        "dropout_mask: p must be in [0, 1 - 2^-16] as a float (dropout draws 16 bits), got -0.5");
   CHECK(error_of([] { tg::mse_loss(tg::zeros({2}), tg::zeros({3})); }) == "mse_loss: input [2] and target [3] differ in shape");
   CHECK(error_of([] { tg::layer_norm(tg::zeros({2, 3}), tg::zeros({2})); }) == "layer_norm: weight must be [3] for x [2,3], got [2]");
   CHECK(error_of([] { tg::sum(tg::zeros({2, 3}), {2}); }) == "sum: dim 2 is out of range for a tensor of rank 2");
@@ -85,7 +91,11 @@ TEST_CASE("errors/region_attention") {
   CHECK(error_of([&] { tg::region_attention_decomposed(tg::zeros({1, 5, 8}), tg::zeros({1, 5}), tg::ones({1, 5}), p); }) ==
         "edit_bias: sequence length 5 of edit_mask [1,5] exceeds the 4 positions of edit_region_bias [2,4,4]");
   CHECK(error_of([] { tg::RegionAttentionParams::init({10, 3, 4}); }) ==
-        "RegionAttentionParams::init: hidden 10 is not divisible by heads 3");
+        "RegionAttentionParams::init: hidden 10 must be a positive multiple of heads 3, and max_positions 4 positive");
+  CHECK(error_of([] { tg::RegionAttentionParams::init({0, 1, 4}); }) ==
+        "RegionAttentionParams::init: hidden 0 must be a positive multiple of heads 1, and max_positions 4 positive");
+  CHECK(error_of([] { tg::RegionAttentionParams::init({8, 2, 0}); }) ==
+        "RegionAttentionParams::init: hidden 8 must be a positive multiple of heads 2, and max_positions 0 positive");
   // Parameters of another head count or hidden size: errors before anything
   // broadcasts (a one-head bias would otherwise be shared by both heads).
   for (const tg::AttentionImpl impl : {tg::AttentionImpl::Decomposed, tg::AttentionImpl::Fused}) {

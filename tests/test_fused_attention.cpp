@@ -3,6 +3,9 @@
 // the Philox mask regenerated) against the decomposed graph in float64, and
 // the benchmark interface's backward (P read, the careful qkv bias) likewise,
 // each at chosen edge cases and at problems drawn at random.
+#include <algorithm>
+#include <array>
+#include <cmath>
 #include <ostream>
 #include <random>
 
@@ -26,30 +29,34 @@ Layer make_layer(int64_t B, int64_t S, int64_t C, int64_t H, int64_t M, tg::Tens
   return {p, randn64({B, S, C}), e, a};
 }
 
-// Forward and every gradient of both implementations; max |fused - decomposed|.
-void check_fused_matches_decomposed(const Layer& L, double p, double tol = 1e-10) {
+// The output and every gradient (x's, then the parameters') of the
+// decomposed graph (first) and the fused op (second), on one Philox draw.
+std::array<std::vector<tg::Tensor>, 2> run_both(const Layer& L, double p) {
   const tg::PhiloxState rng{17, 4};
-  std::vector<std::vector<tg::Tensor>> grads;
-  std::vector<tg::Tensor> outputs;
+  std::array<std::vector<tg::Tensor>, 2> out;
   const tg::Tensor dy = tg::randn(L.x.shape(), {tg::DType::Float64});
-  for (tg::AttentionImpl impl : {tg::AttentionImpl::Decomposed, tg::AttentionImpl::Fused}) {
+  for (int k = 0; k < 2; ++k) {
     tg::RegionAttentionParams params = L.params;
     for (tg::Tensor* t : {&params.qkv_weight, &params.qkv_bias, &params.out_weight, &params.out_bias,
                           &params.edit_region_bias, &params.within_edit_bias, &params.cross_edit_bias})
       *t = t->detach().clone().requires_grad_();
     tg::Tensor x = L.x.detach().clone().requires_grad_();
+    const tg::AttentionImpl impl = k == 0 ? tg::AttentionImpl::Decomposed : tg::AttentionImpl::Fused;
     const tg::Tensor y = tg::region_attention(x, L.e, L.a, params, {p, rng}, impl);
     y.backward(dy);
-    outputs.push_back(y);
-    std::vector<tg::Tensor> g{x.grad()};
-    for (const tg::Tensor& t : params.parameters()) g.push_back(t.grad());
-    grads.push_back(g);
+    out[k] = {y, x.grad()};
+    for (const tg::Tensor& t : params.parameters()) out[k].push_back(t.grad());
   }
-  CHECK(max_abs_diff(outputs[1], outputs[0]) < tol);
-  for (size_t i = 0; i < grads[0].size(); ++i) {
+  return out;
+}
+
+// Forward and every gradient of both implementations; max |fused - decomposed|.
+void check_fused_matches_decomposed(const Layer& L, double p, double tol = 1e-10) {
+  const auto [decomposed, fused] = run_both(L, p);
+  for (size_t i = 0; i < decomposed.size(); ++i) {
     CAPTURE(i);
-    REQUIRE(grads[1][i].defined());
-    CHECK(max_abs_diff(grads[1][i], grads[0][i]) < tol);
+    REQUIRE(fused[i].defined());
+    CHECK(max_abs_diff(fused[i], decomposed[i]) < tol);
   }
 }
 
@@ -269,6 +276,50 @@ TEST_CASE("fused/cpu float64: the edit-bias scalars from the per-key sums X, T")
   CHECK(std::abs(x_keys - x_direct) < 1e-12);
 }
 
+// A NaN or +inf in an input: the fused op's output and gradients hold NaN
+// (or Inf) exactly where the decomposed graph's do (its online softmax
+// passes over NaN in the row max, so the row's sum must carry it), and the
+// finite elements agree.
+TEST_CASE("fused/cpu float64: a NaN or Inf in an input shows where the decomposed graph's does") {
+  const int64_t B = 2, S = 5, C = 8, H = 2, M = 6;
+  const auto finite_pattern = [](const tg::Tensor& t) {
+    std::vector<bool> finite;
+    for (double v : t.to_vector()) finite.push_back(std::isfinite(v));
+    return finite;
+  };
+  const auto poisoned = [&](const std::string& what, auto poison) {
+    const tg::Tensor e = mask64({1, 0, 1, 1, 0, 0, 0, 1, 1, 0}, B, S);
+    Layer L = make_layer(B, S, C, H, M, e, tg::ones({B, S}, {tg::DType::Float64}));
+    {
+      tg::NoGradGuard no_grad;  // the poison is written into leaves
+      poison(L);
+    }
+    for (double p : {0.0, 0.3}) {
+      CAPTURE(what);
+      CAPTURE(p);
+      const auto [decomposed, fused] = run_both(L, p);
+      const std::vector<bool> y_finite = finite_pattern(decomposed[0]);
+      CHECK(std::count(y_finite.begin(), y_finite.end(), false) > 0);  // the poison reaches the output
+      for (size_t i = 0; i < decomposed.size(); ++i) {
+        CAPTURE(i);
+        REQUIRE(fused[i].defined());
+        const std::vector<bool> finite = finite_pattern(decomposed[i]);
+        CHECK(finite_pattern(fused[i]) == finite);
+        std::vector<double> spoilt;
+        for (bool f : finite) spoilt.push_back(f ? 0.0 : 1.0);
+        const tg::Tensor mask = tg::from_vector(spoilt, decomposed[i].shape(), {tg::DType::Float64});
+        CHECK(max_abs_diff(tg::masked_fill(fused[i], mask, 0.0), tg::masked_fill(decomposed[i], mask, 0.0)) < 1e-10);
+      }
+    }
+  };
+  poisoned("x[0, 0, 3] = NaN", [](Layer& L) { L.x.narrow(0, 0, 1).narrow(1, 0, 1).narrow(2, 3, 1).fill_(NAN); });
+  poisoned("x[1, 2, 3] = +inf", [](Layer& L) { L.x.narrow(0, 1, 1).narrow(1, 2, 1).narrow(2, 3, 1).fill_(INFINITY); });
+  poisoned("edit_region_bias[1, 0, 2] = NaN",
+           [](Layer& L) { L.params.edit_region_bias.narrow(0, 1, 1).narrow(1, 0, 1).narrow(2, 2, 1).fill_(NAN); });
+  poisoned("within_edit_bias[0] = NaN", [](Layer& L) { L.params.within_edit_bias.narrow(0, 0, 1).fill_(NAN); });
+  poisoned("cross_edit_bias[1] = -inf", [](Layer& L) { L.params.cross_edit_bias.narrow(0, 1, 1).fill_(-INFINITY); });
+}
+
 TEST_CASE("fused/cpu: an empty batch or sequence gives zero gradients") { check_empty_fused_attention(tg::Device::CPU); }
 
 TEST_CASE("errors/fused attention") {
@@ -284,8 +335,11 @@ TEST_CASE("errors/fused attention") {
         "fused_attention: attn_mask [1,3] must hold only 0 and 1; element 1 is 3");
   // p under 1 as a double but 1 as a float, which the kernels' keep threshold cannot express
   CHECK(error_of([&] { tg::fused_attention(qkv, e, a, E, w, w, 2, {0.99999999}); }) ==
-        "fused_attention: dropout p must be in [0, 1) (as a float), got 0.99999999");
-  CHECK(error_of([&] { tg::fused_attention(qkv, e, a, E, w, w, 2, {1.0 - 1e-7}); }).empty());
+        "fused_attention: dropout p must be in [0, 1 - 2^-16] as a float (dropout draws 16 bits), got 0.99999999");
+  // past 1 - 2^-16 the 16-bit draws would keep more than 1 - p (at 1 - 1e-7 some 150 times more)
+  CHECK(error_of([&] { tg::fused_attention(qkv, e, a, E, w, w, 2, {1.0 - 1e-7}); }) ==
+        "fused_attention: dropout p must be in [0, 1 - 2^-16] as a float (dropout draws 16 bits), got 0.9999999");
+  CHECK(error_of([&] { tg::fused_attention(qkv, e, a, E, w, w, 2, {1.0 - 0x1p-16}); }).empty());
   // The CUDA grids' limit on (b, h) pairs (checked on any device: no data is needed).
   CHECK(error_of([] { tg::check_cuda_batch_heads("fused_attention", 32768, 2); }) ==
         "fused_attention: batch 32768 x heads 2 = 65536 exceeds the CUDA kernels' limit of 65535 (b, h) pairs");
@@ -293,9 +347,9 @@ TEST_CASE("errors/fused attention") {
 }
 
 // The benchmark interface refuses, before writing anything: an output that
-// shares memory with an input, a non-finite scale, and on the CPU a mask
+// shares memory with an input or another output, a non-finite scale, and on the CPU a mask
 // value other than 0 and 1 (on CUDA masks are taken as given: ops/fused_attention.h).
-TEST_CASE("errors/benchmark interface: an output over an input, a non-finite scale, masks not 0/1") {
+TEST_CASE("errors/benchmark interface: an output over an input or another output, a non-finite scale, masks not 0/1") {
   const int64_t B = 1, S = 3, C = 4, H = 2, D = 2, M = 4;
   const tg::TensorOptions f64{tg::DType::Float64};
   const auto z = [&](const tg::Shape& shape) { return tg::zeros(shape, f64); };
@@ -314,6 +368,14 @@ TEST_CASE("errors/benchmark interface: an output over an input, a non-finite sca
   tg::fused::Gradients g = outputs();
   g.out_bias = in.qkv_bias.narrow(0, C, C);  // a view into an input
   CHECK(run(g) == "region_attention_backward: output grad_out_bias overlaps input qkv_bias (the inputs must not change)");
+  g = outputs();
+  g.cross_edit_bias = g.within_edit_bias;  // one buffer for two outputs
+  CHECK(run(g) == "region_attention_backward: outputs grad_within_edit_bias [2,1,1] and grad_cross_edit_bias [2,1,1] "
+                  "share memory");
+  g = outputs();
+  g.out_bias = g.out_weight.view({C * C}).narrow(0, 2, C);  // inside another output
+  CHECK(run(g) == "region_attention_backward: outputs grad_out_weight [4,4] and grad_out_bias [4] share memory");
+  CHECK(g.hidden_states.to_vector() == std::vector<double>(B * S * C, 7.0));  // nothing written
   g = outputs();
   CHECK(run(g, NAN) == "region_attention_backward: scale must be finite, got nan");
   CHECK(g.hidden_states.to_vector() == std::vector<double>(B * S * C, 7.0));  // nothing written
@@ -343,5 +405,5 @@ TEST_CASE("errors/fused qkv attention: every argument checked before the project
   CHECK(call(x, W, b, tg::from_vector({1, 3, 1}, {1, 3}), E, 2) ==
         "fused_qkv_attention: attn_mask [1,3] must hold only 0 and 1; element 1 is 3");
   CHECK(call(x, W, b, a, E, 2, {0.99999999}) ==
-        "fused_qkv_attention: dropout p must be in [0, 1) (as a float), got 0.99999999");
+        "fused_qkv_attention: dropout p must be in [0, 1 - 2^-16] as a float (dropout draws 16 bits), got 0.99999999");
 }

@@ -423,7 +423,7 @@ TEST_CASE("module/RegionAwareSelfAttention is the functional layer with its para
   CHECK(error_of([] { nn::RegionAwareSelfAttention({4, 3, 3}); }) ==
         "RegionAwareSelfAttention: hidden 4 must be a positive multiple of heads 3, and max_positions 3 positive");
   CHECK(error_of([] { nn::RegionAwareSelfAttention(kTinyAttention, 1.0); }) ==
-        "RegionAwareSelfAttention: dropout must be in [0, 1) (as a float), got 1");
+        "RegionAwareSelfAttention: dropout must be in [0, 1 - 2^-16] as a float (dropout draws 16 bits), got 1");
 }
 
 TEST_CASE("module/RegionAwareSelfAttention runs the fused core when impl = Fused") {

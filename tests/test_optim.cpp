@@ -200,6 +200,32 @@ TEST_CASE("optim/constructor and lr errors") {
   CHECK(error_of([&] { adamw.set_lr(NAN); }) == "AdamW: lr must be finite and >= 0, got nan");
 }
 
+// A step writes every parameter in place, so parameters that cannot take
+// such a write are refused up front, not halfway through a step (after
+// other parameters and the step counts have moved).
+TEST_CASE("optim/constructors refuse expanded parameters and parameters that share memory") {
+  const tg::Tensor expanded = tg::randn({1, 4}, {tg::DType::Float64}).expand({3, 4}).detach().requires_grad_();
+  CHECK(error_of([&] { optim::AdamW({param64({2}), expanded}); }) ==
+        "AdamW: parameter 1 [3,4] with strides [0,1] has elements that share one memory location (an expanded view), "
+        "so a step cannot update it in place; clone() it first");
+  const tg::Tensor base = tg::randn({10}, {tg::DType::Float64});
+  const auto part = [&](int64_t start, int64_t length) {
+    return base.narrow(0, start, length).detach().requires_grad_();
+  };
+  const tg::Tensor p = param64({3});
+  CHECK(error_of([&] { optim::SGD({part(0, 6), p, part(4, 6)}, {}); }) ==
+        "SGD: parameters 0 and 2 share memory; each must have memory of its own");
+  CHECK(error_of([&] { optim::AdamW({part(5, 5), part(0, 6)}); }) ==
+        "AdamW: parameters 0 and 1 share memory; each must have memory of its own");
+  // Disjoint views of one buffer are separate parameters: both step.
+  tg::Tensor a = part(0, 5), b = part(5, 5);
+  const tg::Tensor before = tg::clone(base);
+  optim::SGD sgd({b, a}, {.lr = 1.0});
+  tg::sum(tg::add(a, b)).backward();
+  sgd.step();
+  CHECK(max_abs_diff(base, tg::sub(before, tg::ones({10}, {tg::DType::Float64}))) == 0);  // every element by lr * 1
+}
+
 TEST_CASE("optim/AdamW matches torch.optim.AdamW (tests/fixtures/adamw_torch.json)") {
   std::ifstream in(TG_FIXTURES_DIR "/adamw_torch.json");
   REQUIRE_MESSAGE(in.is_open(), "missing " TG_FIXTURES_DIR "/adamw_torch.json: run "

@@ -13,7 +13,8 @@ extern "C" {
 typedef enum { TG_PRECISION_HIGHEST = 0, TG_PRECISION_HIGH = 1 } tg_precision;
 
 /* inputs: the spec's 19 tensor inputs in the spec's order (grad_output ... dropout_mask), each a device
-   pointer to contiguous float32; outputs: the 8 gradients in the spec's order, device pointers.
+   pointer to contiguous float32; outputs: the 8 gradients in the spec's order, device pointers, none of
+   them sharing memory with an input or another output (refused: nothing written).
    Returns 0 on success, nonzero on failure with the reason in tg_last_error(). stream may be NULL.
    The call is ordered on `stream` with no host synchronisation. Repeated calls with the same arguments
    (pointers, sizes, scalars, precision, stream) are replayed from a CUDA graph of tapegrad's own, on a
