@@ -27,9 +27,7 @@ Tensor small_normal(const Shape& shape, TensorOptions opts) {
 }
 
 int64_t checked_heads(const RegionAttentionConfig& c) {
-  TG_CHECK(c.heads > 0 && c.hidden > 0 && c.hidden % c.heads == 0 && c.max_positions > 0,
-           "RegionAwareSelfAttention: hidden ", c.hidden, " must be a positive multiple of heads ", c.heads,
-           ", and max_positions ", c.max_positions, " positive");
+  check_region_attention_config("RegionAwareSelfAttention", c);
   return c.heads;
 }
 

@@ -5,7 +5,6 @@
 #include <cstdint>
 #include <map>
 #include <numbers>
-#include <optional>
 #include <set>
 
 #include "autograd/grad_mode.h"
@@ -53,24 +52,23 @@ Optimizer::Optimizer(std::vector<Tensor> params, double lr, const char* name)
   set_lr(lr);
 }
 
-// No two parameters share memory (views of one buffer, say): a step writes
-// each in place, so an error here, not halfway through a step.
+// No two parameters' memory ranges overlap (views of one buffer, say): a
+// step writes each in place, so the error comes here, not halfway through a
+// step. Conservative: two interleaved views that share no element (a
+// matrix's even and odd columns) overlap as ranges and are refused too.
 void Optimizer::check_disjoint_params() const {
-  std::vector<size_t> order(params_.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::vector<size_t> order;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].numel() > 0) order.push_back(i);
   const auto start = [&](size_t i) {
     return std::make_pair(params_[i].device(), reinterpret_cast<uintptr_t>(byte_range(params_[i]).first));
   };
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return start(a) < start(b); });
-  // Each parameter against the one before it in memory that reaches furthest.
-  std::optional<size_t> reach;
-  for (size_t i : order) {
-    if (params_[i].numel() == 0) continue;
-    TG_CHECK(!reach || !bytes_overlap(params_[*reach], params_[i]), name_, ": parameters ", std::min(*reach, i),
-             " and ", std::max(*reach, i), " share memory; each must have memory of its own");
-    if (!reach || params_[*reach].device() != params_[i].device() ||
-        byte_range(params_[i]).second > byte_range(params_[*reach]).second)
-      reach = i;
+  // In order of their first bytes, a range that overlaps any other overlaps the next one.
+  for (size_t k = 1; k < order.size(); ++k) {
+    const size_t a = order[k - 1], b = order[k];
+    TG_CHECK(!bytes_overlap(params_[a], params_[b]), name_, ": parameters ", std::min(a, b), " and ", std::max(a, b),
+             " lie in overlapping memory; each must have memory of its own (clone() one)");
   }
 }
 
@@ -173,31 +171,25 @@ void AdamW::step() {
     std::vector<Tensor> params, grads, exp_avgs, exp_avg_sqs;
     std::vector<int64_t> steps;
   };
-  // The state changes (step counts, a first step's buffers) are stored once
-  // the updates have run: a step that foreach_adamw_ refuses leaves them as they were.
   std::map<std::pair<Device, DType>, Group> groups;
   std::vector<std::pair<Tensor, Tensor>> copies;  // (parameter, its stepped copy)
-  std::vector<std::pair<size_t, ParamState>> stepped_states;
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i];
     const Tensor g = p.grad();
     if (!g.defined()) continue;
-    ParamState s = state_[i];
+    ParamState& s = state_[i];
     if (s.step == 0) s.buffers = {{"exp_avg", zeros_like(p)}, {"exp_avg_sq", zeros_like(p)}};
-    ++s.step;
     Group& group = groups[{p.device(), p.dtype()}];
     group.params.push_back(materialize(p));
     if (!p.is_contiguous()) copies.emplace_back(p, group.params.back());
     group.grads.push_back(materialize(g));
     group.exp_avgs.push_back(s.buffers.at("exp_avg"));
     group.exp_avg_sqs.push_back(s.buffers.at("exp_avg_sq"));
-    group.steps.push_back(s.step);
-    stepped_states.emplace_back(i, std::move(s));
+    group.steps.push_back(++s.step);
   }
   for (const auto& [key, g] : groups)
     foreach_adamw_(g.params, g.grads, g.exp_avgs, g.exp_avg_sqs, g.steps, {lr_, o.beta1, o.beta2, o.eps, o.weight_decay});
   for (auto& [p, stepped] : copies) p.copy_(stepped);
-  for (auto& [i, s] : stepped_states) state_[i] = std::move(s);
 }
 
 // ---- CosineSchedule

@@ -36,8 +36,9 @@ class Optimizer {
   void load_state_dict(const StateDict& dict);
 
  protected:
-  // params: leaves, each once, none an expanded view or sharing memory with
-  // another (each is updated in place); a non-empty list. `name` prefixes errors.
+  // params: leaves, each once, none an expanded view and no two in
+  // overlapping memory ranges (each is updated in place: check_disjoint_params);
+  // a non-empty list. `name` prefixes errors.
   Optimizer(std::vector<Tensor> params, double lr, const char* name);
 
   struct ParamState {

@@ -15,10 +15,13 @@
 
 namespace tg {
 
+void check_region_attention_config(const char* op, const RegionAttentionConfig& c) {
+  TG_CHECK(c.heads > 0 && c.hidden > 0 && c.hidden % c.heads == 0 && c.max_positions > 0, op, ": hidden ", c.hidden,
+           " must be a positive multiple of heads ", c.heads, ", and max_positions ", c.max_positions, " positive");
+}
+
 RegionAttentionParams RegionAttentionParams::init(const RegionAttentionConfig& cfg, TensorOptions opts) {
-  TG_CHECK(cfg.heads > 0 && cfg.hidden > 0 && cfg.hidden % cfg.heads == 0 && cfg.max_positions > 0,
-           "RegionAttentionParams::init: hidden ", cfg.hidden, " must be a positive multiple of heads ", cfg.heads,
-           ", and max_positions ", cfg.max_positions, " positive");
+  check_region_attention_config("RegionAttentionParams::init", cfg);
   opts.requires_grad = false;
   const int64_t C = cfg.hidden, H = cfg.heads, M = cfg.max_positions;
   auto small_normal = [&](const Shape& s) { return mul(randn(s, opts), 0.02).requires_grad_(); };

@@ -14,6 +14,8 @@ struct RegionAttentionConfig {
   int64_t heads = 16;            // H; head_dim D = C / H
   int64_t max_positions = 1024;  // M
 };
+// hidden a positive multiple of heads, max_positions positive; errors name op.
+void check_region_attention_config(const char* op, const RegionAttentionConfig& c);
 
 struct RegionAttentionParams {
   Tensor qkv_weight;        // [3C, C]

@@ -28,7 +28,11 @@ Tensor dropout_untracked(const Tensor& x, const Tensor& mask, PhiloxState rng, d
 
 Tensor dropout(const Tensor& x, const DropoutOptions& o) {
   check_defined("dropout", "x", x);
-  check_dropout_p("dropout", "p", o.p);
+  if (o.mask.defined())  // nothing is drawn: any p that is below 1 as a float
+    TG_CHECK(o.p >= 0.0 && static_cast<float>(o.p) < 1.0f, "dropout: p must be in [0, 1) as a float, got ",
+             std::setprecision(12), o.p);
+  else
+    check_dropout_p("dropout", "p", o.p);
   if (o.mask.defined()) {
     TG_CHECK(o.mask.shape() == x.shape(), "dropout: mask ", o.mask.shape(), " must have x's shape ", x.shape());
     TG_CHECK(o.mask.device() == x.device(), "dropout: mask is on ", o.mask.device(), ", x on ", x.device());

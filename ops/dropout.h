@@ -24,7 +24,8 @@ struct DropoutOptions {
 };
 
 Tensor dropout(const Tensor& x, const DropoutOptions& options);
-// p in [0, 1 - 2^-16], also as a float: every dropout keeps by the
+// p in [0, 1 - 2^-16], also as a float (dropout with an explicit mask, which
+// draws nothing, takes any p below 1 as a float): every dropout keeps by the
 // threshold of float(p) on 16-bit draws (core/philox.h), which keeps a
 // fraction of the elements within 2^-16 of 1 - p and never less than 2^-16;
 // a larger p would keep more than 1 - p and, scaled by 1 / (1 - p), inflate

@@ -19,7 +19,9 @@
 //
 // The CUDA kernels add a masked key's -inf to its score, so edit_region_bias
 // must hold no +inf or NaN (-inf is fine): at a masked key such a bias gives
-// NaN, where the CPU loops and the decomposed graph give -inf.
+// a NaN score, and so a NaN row, where the CPU loops and the decomposed graph
+// give -inf. Otherwise a NaN or infinite input gives NaN or Inf where the
+// decomposed graph does (docs/derivations.md).
 //
 // Devices: CUDA float32 with head dim 64 runs the fused kernels (at "high"
 // on fp16 tensor cores, each operand scaled by a power of two, TF32's

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "tapegrad.h"
 
@@ -39,6 +40,13 @@ inline double max_abs_diff(const tg::Tensor& a, const tg::Tensor& b, bool nan_eq
     m = std::max(m, std::abs(va[i] - vb[i]));
   }
   return m;
+}
+
+// Per element of t (on any device), whether it is finite.
+inline std::vector<bool> finite_pattern(const tg::Tensor& t) {
+  std::vector<bool> finite;
+  for (double v : t.cpu().to_vector()) finite.push_back(std::isfinite(v));
+  return finite;
 }
 
 // max |x| over elements.

@@ -537,11 +537,6 @@ TEST_CASE("fused/training path at small shapes matches the decomposed graph" * d
 TEST_CASE("fused/training path: a NaN or Inf in an input shows where the decomposed graph's does" * doctest::skip(kNoGpu)) {
   tg::manual_seed(106);
   const int64_t B = 2, S = 77, C = 128, H = 2;
-  const auto finite_pattern = [](const tg::Tensor& t) {
-    std::vector<bool> finite;
-    for (double v : t.cpu().to_vector()) finite.push_back(std::isfinite(v));
-    return finite;
-  };
   const auto poisoned = [&](const std::string& what, auto poison) {
     CAPTURE(what);
     tg::RegionAttentionParams host = tg::RegionAttentionParams::init({C, H, S + 3});

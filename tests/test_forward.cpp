@@ -486,6 +486,20 @@ TEST_CASE("forward/dropout with an explicit mask: applied at p > 0, checked but 
   CHECK(tg::dropout(x, {0.5, std::nullopt, mask}).to_vector() == std::vector<double>{0, 4, 0});
   CHECK(contains(error_of([&] { tg::dropout(x, {0.0, std::nullopt, tg::full({3}, 0.5, {tg::DType::Float64})}); }),
                  "dropout: mask [3] must hold only 0 and 1"));
+  // A given mask draws nothing, so p may pass the drawn masks' 1 - 2^-16 (below 1 as a float).
+  CHECK(tg::dropout(x, {1.0 - 0x1p-21, std::nullopt, mask}).to_vector() == std::vector<double>{0, 0x1p22, 0});
+  CHECK(error_of([&] { tg::dropout(x, {1.0, std::nullopt, mask}); }) == "dropout: p must be in [0, 1) as a float, got 1");
+}
+
+// At the largest p drawn masks take, 1 - 2^-16, the 16-bit draws keep 2^-16
+// of the elements, which 1 / (1 - p) scales back: the mean stays near x's
+// (past it they would keep more than 1 - p: check_dropout_p refuses).
+TEST_CASE("forward/dropout at p = 1 - 2^-16 keeps 2^-16 of the elements") {
+  const tg::Tensor kept =
+      tg::dropout(tg::ones({1 << 22}, {tg::DType::Float64}), {1.0 - 0x1p-16, tg::PhiloxState{123, 0}});
+  const std::vector<double> v = kept.to_vector();
+  CHECK(*std::max_element(v.begin(), v.end()) == 0x1p16);
+  CHECK(std::abs(tg::mean(kept).item() - 1.0) < 0.5);  // 64 kept elements expected, 2^16 each
 }
 
 TEST_CASE("forward/dropout masks: rate, lanes and neighbours within 5 sigma of Bernoulli(1 - p)") {

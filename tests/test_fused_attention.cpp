@@ -282,11 +282,6 @@ TEST_CASE("fused/cpu float64: the edit-bias scalars from the per-key sums X, T")
 // finite elements agree.
 TEST_CASE("fused/cpu float64: a NaN or Inf in an input shows where the decomposed graph's does") {
   const int64_t B = 2, S = 5, C = 8, H = 2, M = 6;
-  const auto finite_pattern = [](const tg::Tensor& t) {
-    std::vector<bool> finite;
-    for (double v : t.to_vector()) finite.push_back(std::isfinite(v));
-    return finite;
-  };
   const auto poisoned = [&](const std::string& what, auto poison) {
     const tg::Tensor e = mask64({1, 0, 1, 1, 0, 0, 0, 1, 1, 0}, B, S);
     Layer L = make_layer(B, S, C, H, M, e, tg::ones({B, S}, {tg::DType::Float64}));

@@ -214,9 +214,9 @@ TEST_CASE("optim/constructors refuse expanded parameters and parameters that sha
   };
   const tg::Tensor p = param64({3});
   CHECK(error_of([&] { optim::SGD({part(0, 6), p, part(4, 6)}, {}); }) ==
-        "SGD: parameters 0 and 2 share memory; each must have memory of its own");
+        "SGD: parameters 0 and 2 lie in overlapping memory; each must have memory of its own (clone() one)");
   CHECK(error_of([&] { optim::AdamW({part(5, 5), part(0, 6)}); }) ==
-        "AdamW: parameters 0 and 1 share memory; each must have memory of its own");
+        "AdamW: parameters 0 and 1 lie in overlapping memory; each must have memory of its own (clone() one)");
   // Disjoint views of one buffer are separate parameters: both step.
   tg::Tensor a = part(0, 5), b = part(5, 5);
   const tg::Tensor before = tg::clone(base);
