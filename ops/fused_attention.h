@@ -21,7 +21,10 @@
 // must hold no +inf or NaN (-inf is fine): at a masked key such a bias gives
 // a NaN score, and so a NaN row, where the CPU loops and the decomposed graph
 // give -inf. Otherwise a NaN or infinite input gives NaN or Inf where the
-// decomposed graph does (docs/derivations.md).
+// decomposed graph does (docs/derivations.md), but for one case: in a row
+// that is already NaN, dS at a masked key is NaN (P = 0 times a NaN), where
+// the decomposed graph's masked_fill gives 0, so that row's entry of
+// grad edit_region_bias at the masked key is NaN too.
 //
 // Devices: CUDA float32 with head dim 64 runs the fused kernels (at "high"
 // on fp16 tensor cores, each operand scaled by a power of two, TF32's
