@@ -18,6 +18,11 @@ void check_dropout_p(const char* op, const char* name, double p) {
            " must be in [0, 1 - 2^-16] as a float (dropout draws 16 bits), got ", std::setprecision(12), p);
 }
 
+void check_given_mask_dropout_p(const char* op, const char* name, double p) {
+  TG_CHECK(p >= 0.0 && static_cast<float>(p) < 1.0f, op, ": ", name, " must be in [0, 1) as a float, got ",
+           std::setprecision(12), p);
+}
+
 namespace {
 Tensor dropout_untracked(const Tensor& x, const Tensor& mask, PhiloxState rng, double p) {
   Tensor out = empty(x.shape(), {x.dtype(), x.device()});
@@ -28,12 +33,9 @@ Tensor dropout_untracked(const Tensor& x, const Tensor& mask, PhiloxState rng, d
 
 Tensor dropout(const Tensor& x, const DropoutOptions& o) {
   check_defined("dropout", "x", x);
-  if (o.mask.defined())  // nothing is drawn: any p that is below 1 as a float
-    TG_CHECK(o.p >= 0.0 && static_cast<float>(o.p) < 1.0f, "dropout: p must be in [0, 1) as a float, got ",
-             std::setprecision(12), o.p);
-  else
-    check_dropout_p("dropout", "p", o.p);
+  if (!o.mask.defined()) check_dropout_p("dropout", "p", o.p);
   if (o.mask.defined()) {
+    check_given_mask_dropout_p("dropout", "p", o.p);
     TG_CHECK(o.mask.shape() == x.shape(), "dropout: mask ", o.mask.shape(), " must have x's shape ", x.shape());
     TG_CHECK(o.mask.device() == x.device(), "dropout: mask is on ", o.mask.device(), ", x on ", x.device());
     check_binary_mask("dropout", "mask", o.mask);

@@ -24,13 +24,16 @@ struct DropoutOptions {
 };
 
 Tensor dropout(const Tensor& x, const DropoutOptions& options);
-// p in [0, 1 - 2^-16], also as a float (dropout with an explicit mask, which
-// draws nothing, takes any p below 1 as a float): every dropout keeps by the
+// p in [0, 1 - 2^-16], also as a float (with a given mask, which draws
+// nothing, check_given_mask_dropout_p): every dropout keeps by the
 // threshold of float(p) on 16-bit draws (core/philox.h), which keeps a
 // fraction of the elements within 2^-16 of 1 - p and never less than 2^-16;
 // a larger p would keep more than 1 - p and, scaled by 1 / (1 - p), inflate
 // the output (at p = 1 - 10^-7 some 150-fold). Errors name op and the argument `name`.
 void check_dropout_p(const char* op, const char* name, double p);
+// p for a given keep mask (dropout's explicit mask, the benchmark interface's
+// dropout_mask): in [0, 1) as a float, so that 1 / (1 - p) is finite.
+void check_given_mask_dropout_p(const char* op, const char* name, double p);
 // The 0/1 keep mask that dropout(x, {p, state}) applies to a tensor of `shape`.
 Tensor dropout_mask(const Shape& shape, double p, PhiloxState state, TensorOptions opts = {});
 

@@ -622,14 +622,14 @@ LayerDims check_backward_args(const BackwardInputs& in, const Gradients& out) {
     check_cuda_batch_heads(op, B, H);  // before any output is written
   }
   const std::vector<Tensor> inputs = inputs_of(in), outputs = outputs_of(out);
-  for (size_t o = 0; o < outputs.size(); ++o)
+  for (size_t o = 0; o < outputs.size(); ++o) {
     for (size_t i = 0; i < inputs.size(); ++i)
       TG_CHECK(!inputs[i].defined() || !bytes_overlap(outputs[o], inputs[i]), op, ": output ", kOutputNames[o],
                " overlaps input ", kInputNames[i], " (the inputs must not change)");
-  for (size_t o = 0; o < outputs.size(); ++o)
     for (size_t other = o + 1; other < outputs.size(); ++other)
       TG_CHECK(!bytes_overlap(outputs[o], outputs[other]), op, ": outputs ", kOutputNames[o], " ",
                outputs[o].shape(), " and ", kOutputNames[other], " ", outputs[other].shape(), " share memory");
+  }
   return {B, S, C, H, D, M};
 }
 
@@ -678,7 +678,7 @@ class Projections {
 void region_attention_backward_into(const BackwardInputs& in, double scale, double dropout_p,
                                     MatmulPrecision precision_in, const Gradients& out) {
   const LayerDims L = check_backward_args(in, out);
-  TG_CHECK(dropout_p >= 0 && dropout_p < 1, "region_attention_backward: dropout_p must be in [0, 1), got ", dropout_p);
+  check_given_mask_dropout_p("region_attention_backward", "dropout_p", dropout_p);
   TG_CHECK(std::isfinite(scale), "region_attention_backward: scale must be finite, got ", scale);
   if (!in.hidden_states.is_cuda())
     check_binary_masks("region_attention_backward",

@@ -384,6 +384,8 @@ TEST_CASE("errors/benchmark interface: an output over an input or another output
   CHECK(g.hidden_states.to_vector() == std::vector<double>(B * S * C, 7.0));  // nothing written
   g = outputs();
   CHECK(run(g, NAN) == "region_attention_backward: scale must be finite, got nan");
+  CHECK(error_of([&] { tg::fused::region_attention_backward_into(in, 0.5, 1.0, tg::MatmulPrecision::Default, g); }) ==
+        "region_attention_backward: dropout_p must be in [0, 1) as a float, got 1");
   CHECK(g.hidden_states.to_vector() == std::vector<double>(B * S * C, 7.0));  // nothing written
   in.attention_mask = tg::from_vector({1, 0.5, 1}, {B, S}, f64);
   CHECK(run(g) == "region_attention_backward: attention_mask [1,3] must hold only 0 and 1; element 1 is 0.5");
