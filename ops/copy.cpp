@@ -11,6 +11,7 @@ namespace tg {
 TG_INSTANTIATE_KERNELS(CopyKernels, Device::CPU);
 
 std::pair<const char*, const char*> byte_range(const Tensor& t) {
+  check_defined("byte_range", "t", t);
   const ElementSpan s = element_span(t.shape(), t.strides(), 0);
   const char* base = static_cast<const char*>(t.raw_data());
   const int64_t elem = static_cast<int64_t>(element_size(t.dtype()));

@@ -57,6 +57,7 @@ TEST_CASE("errors/edit_bias") {
 }
 
 TEST_CASE("errors/other ops") {
+  CHECK(error_of([] { tg::byte_range(tg::Tensor()); }) == "byte_range: argument 't' is an undefined tensor");
   CHECK(error_of([] { tg::dropout(tg::zeros({2}), {1.0}); }) ==
         "dropout: p must be in [0, 1 - 2^-16] as a float (dropout draws 16 bits), got 1");
   // below 1 as a double, 1 as a float: its keep threshold would wrap to "keep all"
