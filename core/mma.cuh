@@ -506,20 +506,33 @@ __device__ __forceinline__ float lane_abs_max(const float (&acc)[N][4]) {
   return m;
 }
 
-// Adds f times the tile's column sums (over its 16 rows) to col[0 .. 8N):
-// the lanes of one t pair up by shuffles, then one atomic per column.
+// One step of add_column_sums' reduce-scatter: v[0 .. 2N) becomes v[0 .. N),
+// the half this lane keeps (the upper one where lane bit 2N is set) plus the
+// same half from lane ^ 2N.
 template <int N>
-__device__ __forceinline__ void add_column_sums(const float (&acc)[N][4], float f, float* col, int lane) {
+__device__ __forceinline__ void keep_half_of_sums(float (&v)[16], int lane) {
+  const bool upper = lane & (2 * N);
 #pragma unroll
-  for (int nt = 0; nt < N; ++nt)
+  for (int k = 0; k < N; ++k) {
+    const float keep = upper ? v[k + N] : v[k], give = upper ? v[k] : v[k + N];
+    v[k] = keep + __shfl_xor_sync(0xffffffffu, give, 2 * N);
+  }
+}
+
+// Adds f times the 16 x 64 tile's column sums (over its 16 rows) to
+// col[0 .. 64) (8-byte aligned). The eight lanes of each t (lane bits 2..4)
+// reduce-scatter the lane's 16 column values in three steps, so lane L ends
+// with the sums of columns 2L and 2L + 1 and adds them in one vector atomic,
+// skipped when both are 0 (adding 0 changes nothing).
+__device__ __forceinline__ void add_column_sums(const float (&acc)[8][4], float f, float* col, int lane) {
+  float v[16];  // v[2 nt + c]: the lane's rows g and g + 8 in column 8 nt + 2 t + c
 #pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      float v = acc[nt][c] + acc[nt][c + 2];
-      v += __shfl_xor_sync(0xffffffffu, v, 4);
-      v += __shfl_xor_sync(0xffffffffu, v, 8);
-      v += __shfl_xor_sync(0xffffffffu, v, 16);
-      if (lane < 4) atomicAdd(col + 8 * nt + 2 * lane + c, f * v);
-    }
+  for (int nt = 0; nt < 8; ++nt) v[2 * nt] = acc[nt][0] + acc[nt][2], v[2 * nt + 1] = acc[nt][1] + acc[nt][3];
+  keep_half_of_sums<8>(v, lane);  // lane bit 4 picks n-tiles 4..7 or 0..3
+  keep_half_of_sums<4>(v, lane);  // bit 3: two of those
+  keep_half_of_sums<2>(v, lane);  // bit 2: one, nt = lane / 4, columns 8 nt + 2 t + c = 2 lane + c
+  const float x = f * v[0], y = f * v[1];
+  if (x != 0.f || y != 0.f) red_add2(col + 2 * lane, x, y);
 }
 
 }  // namespace tg::cuda::mma

@@ -465,7 +465,7 @@ std::vector<Tensor> half_qkv_projection_backward(AttentionInputs& in, AttentionG
   kv.values = empty({rows * C}, opts);  // [B S, 2C] fp16
   kv.exponents = empty({d.B * d.H * ((d.S + kHalfKeyGroup - 1) / kHalfKeyGroup)}, opts);
   kv.scratch = empty({2}, opts);
-  kv.db = empty({3 * C}, opts);  // dbk = 0: the rows of dS sum to 0
+  kv.db = empty({3 * C}, opts);  // dbk = 0 (the rows of dS sum to 0) but for a NaN or Inf in dk
   TG_DISPATCH_DEVICE(dq, FusedAttentionKernels, reset_key_halves, kv);
   TG_DISPATCH_DEVICE(dq, FusedAttentionKernels, backward, in, gt, MatmulPrecision::High);
   for (const size_t i : {kHalfValues, kHalfScalars, kLse}) s.release_early(i);

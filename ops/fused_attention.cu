@@ -192,21 +192,25 @@ __global__ void reset_key_halves_kernel(float* scratch, float* db, int64_t n) {
 }
 
 // One pass over dq ([rows, row_quads] quads): scratch[1] = max(scratch[1],
-// its largest finite |x|), and its column sums added to dbq. Each thread
-// keeps one column quad (blockIdx.x, threadIdx.x) and sums every gridDim.y-th
-// row from blockIdx.y, kRowsInFlight loads at a time (zeros past the last
-// row); then one vector atomic add per column quad and block row (dq itself
-// is a sum of atomic adds: its order is not fixed either). The adds set the
-// kernel's time: every block row adds to the same C floats, and those adds
-// queue at the L2 (bench/NOTES.md version 41: on an H100 at 8 x 1024, scalar
-// adds took 28 us with 2 block rows per SM, 52 with 6 and 110 with 16; the
-// vector adds 18 with 2, 20 with 1 or 4, 26 with 8).
-constexpr int kRowsInFlight = 8;
-__global__ void reduce_dq_kernel(const float4* dq, int64_t rows, int64_t row_quads, float* scratch, float* dbq) {
-  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x, step = gridDim.y;
+// its largest finite |x|), and its column sums added to dbq. A block holds
+// kRowGroups groups of kThreads threads; each thread keeps one column quad
+// (blockIdx.x, its place in the group) and sums every (kRowGroups
+// gridDim.y)-th row from its group's first, kRowsInFlight loads at a time
+// (zeros past the last row); the groups' sums meet in shared memory, then
+// one vector atomic add per column quad and block (dq itself is a sum of
+// atomic adds: its order is not fixed either). The adds set the kernel's
+// time: every block adds to the same C floats, and those adds queue at the
+// L2 (bench/NOTES.md versions 41 and 42: on an H100 at 8 x 1024, scalar
+// adds from one group per block took 28 us with 2 blocks per SM, 52 with 6
+// and 110 with 16; vector adds 18 with 2, 20 with 1 or 4, 26 with 8).
+constexpr int kRowsInFlight = 8, kRowGroups = 4;
+__global__ void __launch_bounds__(kRowGroups* kThreads)
+    reduce_dq_kernel(const float4* dq, int64_t rows, int64_t row_quads, float* scratch, float* dbq) {
+  const int group = threadIdx.x / kThreads, quad = threadIdx.x % kThreads;
+  const int64_t c = blockIdx.x * int64_t(kThreads) + quad, step = int64_t(gridDim.y) * kRowGroups;
   float m = 0.f;
   float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int64_t r = blockIdx.y; c < row_quads && r < rows; r += kRowsInFlight * step) {
+  for (int64_t r = blockIdx.y * int64_t(kRowGroups) + group; c < row_quads && r < rows; r += kRowsInFlight * step) {
     float4 x[kRowsInFlight];
 #pragma unroll
     for (int k = 0; k < kRowsInFlight; ++k)
@@ -218,7 +222,14 @@ __global__ void reduce_dq_kernel(const float4* dq, int64_t rows, int64_t row_qua
     }
   }
   block_max_into(m, reinterpret_cast<unsigned*>(scratch + 1));
-  if (c < row_quads) mma::red_add4(dbq + 4 * c, sum.x, sum.y, sum.z, sum.w);
+  __shared__ float4 partial[kRowGroups - 1][kThreads];  // the sums of groups 1 ..
+  if (group > 0) partial[group - 1][quad] = sum;
+  __syncthreads();
+  if (group > 0 || c >= row_quads) return;
+#pragma unroll
+  for (int g = 0; g < kRowGroups - 1; ++g)
+    sum.x += partial[g][quad].x, sum.y += partial[g][quad].y, sum.z += partial[g][quad].z, sum.w += partial[g][quad].w;
+  mma::red_add4(dbq + 4 * c, sum.x, sum.y, sum.z, sum.w);
 }
 
 // The exponent every part of qkv's gradient is stored at: the smallest of
@@ -442,10 +453,10 @@ void FusedAttentionKernels<Device::CUDA>::reduce_dq(const Tensor& dq, const Half
   if (rows == 0) return;
   const int64_t row_quads = C / 4;
   const int64_t column_blocks = (row_quads + kThreads - 1) / kThreads;
-  // Two blocks per SM in all: enough loads in flight, few atomic adds per column.
-  const int64_t row_blocks = std::clamp<int64_t>(2 * context().sm_count / column_blocks, 1, rows);
-  reduce_dq_kernel<<<dim3(static_cast<unsigned>(column_blocks), static_cast<unsigned>(row_blocks)), kThreads, 0,
-                     stream()>>>(reinterpret_cast<const float4*>(dq.data<float>()), rows, row_quads,
+  // One block (kRowGroups groups) per SM in all: enough loads in flight, few atomic adds per column.
+  const int64_t row_blocks = std::clamp<int64_t>(context().sm_count / column_blocks, 1, rows);
+  reduce_dq_kernel<<<dim3(static_cast<unsigned>(column_blocks), static_cast<unsigned>(row_blocks)),
+                     kRowGroups * kThreads, 0, stream()>>>(reinterpret_cast<const float4*>(dq.data<float>()), rows, row_quads,
                                  kv.scratch.data<float>(), kv.db.data<float>());
   check_launch("reduce_dq");
 }

@@ -71,7 +71,7 @@ struct KeyHalves {
   HeadRows<__half> dk, dv;  // rows of [B S, 2C]
   int* exponents;           // [B H groups]
   int* min_exponent;
-  float* dbv;               // [C]: HalfKeyGradients::db's last C
+  float *dbk, *dbv;         // [C] each: HalfKeyGradients::db's second and last C
   int64_t groups;           // key groups of kHalfKeyGroup per (b, h)
 };
 
@@ -167,8 +167,10 @@ __device__ __forceinline__ void add_warp_row_sums(const float* tile, int stride,
 // The warp's 16 keys of f_k dK and f_v dV (rows row(r): mma::store_pairs)
 // as fp16 at their own scale 2^e, e from the larger of the two maxima
 // (max 2^e in [2^13, 2^14)); e recorded, and the smallest e of a group with
-// a nonzero kept; the v bias gradient added from the float dV (the k bias
-// gradient is 0: the rows of dS sum to 0).
+// a nonzero kept; the v bias gradient added from the float dV. The k bias
+// gradient sum_j dk_j is 0 (the rows of dS sum to 0): 0 times dK's column
+// sums is added, which is nothing unless dK holds a NaN or an Inf, which then
+// shows in dbk as in the decomposed graph's sum.
 template <class RowOf>
 __device__ void store_key_halves(const KeyHalves& kv, const float (&dK)[8][4], const float (&dV)[8][4], float fk,
                                  float fv, int64_t bh, int64_t h, int64_t group, int lane, const RowOf& row) {
@@ -182,6 +184,7 @@ __device__ void store_key_halves(const KeyHalves& kv, const float (&dK)[8][4], c
     if (m != 0.f) atomicMin(kv.min_exponent, e);
   }
   mma::add_column_sums(dV, fv, kv.dbv + h * kD, lane);
+  mma::add_column_sums(dK, 0.f, kv.dbk + h * kD, lane);
 }
 
 // dE[h, i, j] += dS of the tile ([query][key] at stride kStride): the batch
@@ -582,7 +585,7 @@ KeyHalves key_halves_args(const HalfKeyGradients& kv, const AttentionDims& d) {
   __half* values = reinterpret_cast<__half*>(kv.values.data<float>());
   const auto rows = [&](int t) { return HeadRows<__half>{values + t * C, d.S * 2 * C, kD, 2 * C}; };
   return {rows(0), rows(1), reinterpret_cast<int*>(kv.exponents.data<float>()),
-          reinterpret_cast<int*>(kv.scratch.data<float>()), kv.db.data<float>() + 2 * C,
+          reinterpret_cast<int*>(kv.scratch.data<float>()), kv.db.data<float>() + C, kv.db.data<float>() + 2 * C,
           (d.S + kHalfKeyGroup - 1) / kHalfKeyGroup};
 }
 

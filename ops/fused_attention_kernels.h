@@ -56,7 +56,8 @@ struct AttentionInputs {
 // In training at "high" on CUDA (fused_qkv_attention): the kernel writes dk
 // and dv as fp16, each group of 16 keys of one (b, h) scaled by its own
 // power of two, and adds the v bias gradient (the column sums of the float
-// dv; the k bias gradient is 0); join_half_qkv then makes qkv's whole
+// dv; the k bias gradient, 0 in exact arithmetic, as 0 times dk's: 0 unless
+// dk holds a NaN or an Inf); join_half_qkv then makes qkv's whole
 // gradient one fp16 matrix at one scale. values undefined: dk and dv are
 // float (dk, dv).
 constexpr int64_t kHalfKeyGroup = 16;
@@ -64,7 +65,7 @@ struct HalfKeyGradients {
   Tensor values;     // [B S, 2C] fp16 in float32 storage: dk in columns h D + d, dv in C + h D + d
   Tensor exponents;  // [B, H, ceil(S / kHalfKeyGroup)] int32 in float32 storage: a group's values are 2^e dk
   Tensor scratch;    // [2]: the smallest e (int32), dq's largest finite |x| (float)
-  Tensor db;         // [3C], qkv's bias gradient: dbq added by reduce_dq, dbk = 0, dbv added by backward
+  Tensor db;         // [3C], qkv's bias gradient: dbq added by reduce_dq, dbk (0) and dbv by backward
 };
 
 struct AttentionGradTensors {
@@ -146,7 +147,9 @@ struct FusedAttentionKernels {
 //   dbq[h*D + d] = scale sum_(b,s) colsum(dS)[b,h,s] k[b,h,s,d]
 //   dbv[h*D + d] = sum_(b,s) rowsum(Pd)[b,h,s] do[b,s,h*D + d]
 //   dbo[c] = sum_(b,s) dy[b,s,c]
-// and dbk = 0 (the rows of dS sum to 0), written with dbq (BiasOutputs).
+// and dbk = 0 (the rows of dS sum to 0), written with dbq (BiasOutputs):
+// exactly 0 even where the inputs hold a NaN or an Inf (the training path at
+// "high" lets those show in dbk, as the decomposed graph does).
 // One column of one batch: (a + f w[s]) x[s * step] for its rows s.
 template <class T>
 struct WeightedColumn {
