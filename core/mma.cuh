@@ -507,7 +507,7 @@ __device__ __forceinline__ float lane_abs_max(const float (&acc)[N][4]) {
 }
 
 // One step of add_column_sums' reduce-scatter: v[0 .. 2N) becomes v[0 .. N),
-// the half this lane keeps (the upper one where lane bit 2N is set) plus the
+// the half this lane keeps (the upper one where lane & 2N is set) plus the
 // same half from lane ^ 2N.
 template <int N>
 __device__ __forceinline__ void keep_half_of_sums(float (&v)[16], int lane) {
@@ -523,7 +523,8 @@ __device__ __forceinline__ void keep_half_of_sums(float (&v)[16], int lane) {
 // col[0 .. 64) (8-byte aligned). The eight lanes of each t (lane bits 2..4)
 // reduce-scatter the lane's 16 column values in three steps, so lane L ends
 // with the sums of columns 2L and 2L + 1 and adds them in one vector atomic,
-// skipped when both are 0 (adding 0 changes nothing).
+// skipped when both are 0 (a sum of rounded adds that starts at +0 never
+// becomes -0, so adding a zero to it changes nothing).
 __device__ __forceinline__ void add_column_sums(const float (&acc)[8][4], float f, float* col, int lane) {
   float v[16];  // v[2 nt + c]: the lane's rows g and g + 8 in column 8 nt + 2 t + c
 #pragma unroll

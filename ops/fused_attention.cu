@@ -202,7 +202,8 @@ __global__ void reset_key_halves_kernel(float* scratch, float* db, int64_t n) {
 // time: every block adds to the same C floats, and those adds queue at the
 // L2 (bench/NOTES.md versions 41 and 42: on an H100 at 8 x 1024, scalar
 // adds from one group per block took 28 us with 2 blocks per SM, 52 with 6
-// and 110 with 16; vector adds 18 with 2, 20 with 1 or 4, 26 with 8).
+// and 110 with 16; vector adds 18 with 2, 20 with 1 or 4, 26 with 8; four
+// groups in one block per SM, 15).
 constexpr int kRowsInFlight = 8, kRowGroups = 4;
 __global__ void __launch_bounds__(kRowGroups* kThreads)
     reduce_dq_kernel(const float4* dq, int64_t rows, int64_t row_quads, float* scratch, float* dbq) {
@@ -454,7 +455,8 @@ void FusedAttentionKernels<Device::CUDA>::reduce_dq(const Tensor& dq, const Half
   const int64_t row_quads = C / 4;
   const int64_t column_blocks = (row_quads + kThreads - 1) / kThreads;
   // One block (kRowGroups groups) per SM in all: enough loads in flight, few atomic adds per column.
-  const int64_t row_blocks = std::clamp<int64_t>(context().sm_count / column_blocks, 1, rows);
+  const int64_t row_blocks =
+      std::clamp<int64_t>(context().sm_count / column_blocks, 1, (rows + kRowGroups - 1) / kRowGroups);
   reduce_dq_kernel<<<dim3(static_cast<unsigned>(column_blocks), static_cast<unsigned>(row_blocks)),
                      kRowGroups * kThreads, 0, stream()>>>(reinterpret_cast<const float4*>(dq.data<float>()), rows, row_quads,
                                  kv.scratch.data<float>(), kv.db.data<float>());

@@ -168,9 +168,10 @@ __device__ __forceinline__ void add_warp_row_sums(const float* tile, int stride,
 // as fp16 at their own scale 2^e, e from the larger of the two maxima
 // (max 2^e in [2^13, 2^14)); e recorded, and the smallest e of a group with
 // a nonzero kept; the v bias gradient added from the float dV. The k bias
-// gradient sum_j dk_j is 0 (the rows of dS sum to 0): 0 times dK's column
-// sums is added, which is nothing unless dK holds a NaN or an Inf, which then
-// shows in dbk as in the decomposed graph's sum.
+// gradient sum_j dk_j is 0 (the rows of dS sum to 0): 0 times the float dK
+// tile's column sums is added, which is nothing unless the tile holds a NaN
+// or an Inf, which makes that dbk column NaN: non-finite where the decomposed
+// graph's sum is.
 template <class RowOf>
 __device__ void store_key_halves(const KeyHalves& kv, const float (&dK)[8][4], const float (&dV)[8][4], float fk,
                                  float fv, int64_t bh, int64_t h, int64_t group, int lane, const RowOf& row) {
@@ -582,6 +583,8 @@ void launch_finish_edit_bias_sums(const AttentionInputs& in, const AttentionGrad
 
 KeyHalves key_halves_args(const HalfKeyGradients& kv, const AttentionDims& d) {
   const int64_t C = d.H * kD;
+  TG_CHECK(kv.db.numel() == 3 * C && aligned16(kv.db.raw_data()), "fused_attention_backward: the fp16 keys' db ",
+           kv.db.shape(), " must hold 3C = ", 3 * C, " biases, 16-byte aligned (its column sums add 8 bytes at a time)");
   __half* values = reinterpret_cast<__half*>(kv.values.data<float>());
   const auto rows = [&](int t) { return HeadRows<__half>{values + t * C, d.S * 2 * C, kD, 2 * C}; };
   return {rows(0), rows(1), reinterpret_cast<int*>(kv.exponents.data<float>()),
