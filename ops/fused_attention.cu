@@ -457,9 +457,10 @@ void FusedAttentionKernels<Device::CUDA>::reduce_dq(const Tensor& dq, const Half
   // One block (kRowGroups groups) per SM in all: enough loads in flight, few atomic adds per column.
   const int64_t row_blocks =
       std::clamp<int64_t>(context().sm_count / column_blocks, 1, (rows + kRowGroups - 1) / kRowGroups);
-  reduce_dq_kernel<<<dim3(static_cast<unsigned>(column_blocks), static_cast<unsigned>(row_blocks)),
-                     kRowGroups * kThreads, 0, stream()>>>(reinterpret_cast<const float4*>(dq.data<float>()), rows, row_quads,
-                                 kv.scratch.data<float>(), kv.db.data<float>());
+  const dim3 grid(static_cast<unsigned>(column_blocks), static_cast<unsigned>(row_blocks));
+  reduce_dq_kernel<<<grid, kRowGroups * kThreads, 0, stream()>>>(reinterpret_cast<const float4*>(dq.data<float>()),
+                                                                  rows, row_quads, kv.scratch.data<float>(),
+                                                                  kv.db.data<float>());
   check_launch("reduce_dq");
 }
 

@@ -58,8 +58,8 @@ Tensor fused_attention(const Tensor& qkv, const Tensor& edit_mask, const Tensor&
 // matrix at one scale) for the projection's fp16 GEMMs; there the k bias
 // gradient is exactly 0, its value in exact arithmetic (the rows of dS sum
 // to 0), unless dk holds a NaN or an Inf: then the k bias gradient is NaN
-// there, non-finite where the decomposed graph's sum is. Elsewhere (CPU, "highest") the float gradient and linear's
-// backward, as the two ops would.
+// there, non-finite where the decomposed graph's sum is. Elsewhere (CPU,
+// "highest") the float gradient and linear's backward, as the two ops would.
 Tensor fused_qkv_attention(const Tensor& x, const Tensor& qkv_weight, const Tensor& qkv_bias, const Tensor& edit_mask,
                            const Tensor& attn_mask, const Tensor& edit_region_bias, const Tensor& within_edit_bias,
                            const Tensor& cross_edit_bias, int64_t heads, const DropoutOptions& dropout = {},

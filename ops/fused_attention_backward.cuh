@@ -584,7 +584,8 @@ void launch_finish_edit_bias_sums(const AttentionInputs& in, const AttentionGrad
 KeyHalves key_halves_args(const HalfKeyGradients& kv, const AttentionDims& d) {
   const int64_t C = d.H * kD;
   TG_CHECK(kv.db.numel() == 3 * C && aligned16(kv.db.raw_data()), "fused_attention_backward: the fp16 keys' db ",
-           kv.db.shape(), " must hold 3C = ", 3 * C, " biases, 16-byte aligned (its column sums add 8 bytes at a time)");
+           kv.db.shape(), " must hold 3C = ", 3 * C,
+           " biases, 16-byte aligned (its column sums add 8 bytes at a time)");
   __half* values = reinterpret_cast<__half*>(kv.values.data<float>());
   const auto rows = [&](int t) { return HeadRows<__half>{values + t * C, d.S * 2 * C, kD, 2 * C}; };
   return {rows(0), rows(1), reinterpret_cast<int*>(kv.exponents.data<float>()),

@@ -690,9 +690,10 @@ TEST_CASE("fused/qkv projection in the node at high: the same as linear_fp16 the
       if (!wants[i - 1]) continue;
       CHECK(relative_error(runs[0][i], runs[1][i]) < 1e-4);
     }
-    // dbk: exactly 0 in the node (finite inputs); the old path sums the tensor-core dk over
-    // B S tokens, rounding noise of ~2^-11 sqrt(B S) |dk| (measured 8e-5 of
-    // max |db| on an H200), where a real nonzero dbk would be O(1) of it.
+    // dbk: exactly 0 in the node (finite inputs); the old path sums the
+    // tensor-core dk over B S tokens, rounding noise of ~2^-11 sqrt(B S) |dk|
+    // (measured 8e-5 of max |db| on an H200), where a real nonzero dbk would
+    // be O(1) of it.
     if (wants[2]) {
       const tg::Tensor dbk_node = runs[0][3].narrow(0, C, C), dbk_old = runs[1][3].narrow(0, C, C);
       CHECK(max_abs(dbk_node) == 0.0);
