@@ -61,14 +61,6 @@ std::pair<double, double> time_and_peak(Step&& step) {
 
 const char* impl_name(tg::AttentionImpl impl) { return impl == tg::AttentionImpl::Fused ? "fused" : "decomposed"; }
 
-tg::RegionAttentionParams on_cuda(const tg::RegionAttentionParams& p) {
-  tg::RegionAttentionParams q = p;
-  for (tg::Tensor* t : {&q.qkv_weight, &q.qkv_bias, &q.out_weight, &q.out_bias, &q.edit_region_bias, &q.within_edit_bias,
-                        &q.cross_edit_bias})
-    *t = t->detach().cuda().requires_grad_();
-  return q;
-}
-
 Result measure_layer(const tg::RegionAttentionParams& params, Size size, const std::string& precision,
                      tg::AttentionImpl impl) {
   tg::set_float32_matmul_precision(precision);
@@ -137,7 +129,7 @@ int main(int argc, char** argv) {
   const auto wanted = [](const std::string& only, const std::string& value) { return only.empty() || only == value; };
   if (!tgbench::cuda_present("train_step")) return 1;
   tg::manual_seed(0);
-  const tg::RegionAttentionParams params = on_cuda(tg::RegionAttentionParams::init({1024, 16, 1024}));
+  const tg::RegionAttentionParams params = tg::RegionAttentionParams::init({1024, 16, 1024}).trainable_copy(tg::Device::CUDA);
   std::vector<Result> layer, toy;
   for (const tg::AttentionImpl impl : {tg::AttentionImpl::Decomposed, tg::AttentionImpl::Fused}) {
     if (!wanted(only_impl, impl_name(impl))) continue;

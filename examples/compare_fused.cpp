@@ -24,10 +24,7 @@ const char* const kNames[] = {"y", "x", "qkv_weight", "qkv_bias", "out_weight", 
 Step run(const tg::RegionAttentionParams& host, const tg::Tensor& x_host, const tg::Tensor& e, const tg::Tensor& a,
          const tg::Tensor& dy, tg::AttentionImpl impl, const std::string& precision) {
   tg::set_float32_matmul_precision(precision);
-  tg::RegionAttentionParams p = host;
-  for (tg::Tensor* t : {&p.qkv_weight, &p.qkv_bias, &p.out_weight, &p.out_bias, &p.edit_region_bias,
-                        &p.within_edit_bias, &p.cross_edit_bias})
-    *t = t->detach().cuda().requires_grad_();
+  const tg::RegionAttentionParams p = host.trainable_copy(tg::Device::CUDA);
   tg::Tensor x = x_host.cuda().requires_grad_();
   const tg::Tensor y = tg::region_attention(x, e, a, p, {0.1, tg::PhiloxState{2026, 1}}, impl);
   y.backward(dy);

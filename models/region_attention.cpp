@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 #include <tuple>
+#include <utility>
 
 #include "ops/binary_mask.h"
 #include "ops/edit_bias.h"
@@ -39,6 +40,20 @@ RegionAttentionParams RegionAttentionParams::init(const RegionAttentionConfig& c
 
 std::vector<Tensor> RegionAttentionParams::parameters() const {
   return {qkv_weight, qkv_bias, out_weight, out_bias, edit_region_bias, within_edit_bias, cross_edit_bias};
+}
+
+RegionAttentionParams RegionAttentionParams::trainable_copy(Device device) const {
+  RegionAttentionParams copy = *this;
+  const std::pair<Tensor*, const char*> fields[] = {
+      {&copy.qkv_weight, "qkv_weight"}, {&copy.qkv_bias, "qkv_bias"}, {&copy.out_weight, "out_weight"},
+      {&copy.out_bias, "out_bias"}, {&copy.edit_region_bias, "edit_region_bias"},
+      {&copy.within_edit_bias, "within_edit_bias"}, {&copy.cross_edit_bias, "cross_edit_bias"}};
+  for (const auto& [t, name] : fields) {
+    check_defined("RegionAttentionParams::trainable_copy", name, *t);
+    const Tensor leaf = t->detach();
+    *t = (leaf.device() == device ? leaf.clone() : leaf.to(device)).requires_grad_();
+  }
+  return copy;
 }
 
 namespace {

@@ -30,6 +30,10 @@ struct RegionAttentionParams {
   // Weights and position/edit biases ~ N(0,1) * 0.02, linear biases zero; all require grad.
   static RegionAttentionParams init(const RegionAttentionConfig& cfg, TensorOptions opts = {});
   std::vector<Tensor> parameters() const;
+  // A copy on `device` whose parameters are new leaves that require grad,
+  // each with memory of its own (a clone where it is on `device` already):
+  // training it, or its gradients, leave this one as it is.
+  RegionAttentionParams trainable_copy(Device device) const;
 };
 
 // How the attention core runs: as the graph of small ops, or as one fused op

@@ -33,12 +33,13 @@ Tensor dropout_untracked(const Tensor& x, const Tensor& mask, PhiloxState rng, d
 
 Tensor dropout(const Tensor& x, const DropoutOptions& o) {
   check_defined("dropout", "x", x);
-  if (!o.mask.defined()) check_dropout_p("dropout", "p", o.p);
   if (o.mask.defined()) {
     check_given_mask_dropout_p("dropout", "p", o.p);
     TG_CHECK(o.mask.shape() == x.shape(), "dropout: mask ", o.mask.shape(), " must have x's shape ", x.shape());
     TG_CHECK(o.mask.device() == x.device(), "dropout: mask is on ", o.mask.device(), ", x on ", x.device());
     check_binary_mask("dropout", "mask", o.mask);
+  } else {
+    check_dropout_p("dropout", "p", o.p);
   }
   if (o.p == 0.0) return x;
   const Tensor mask = o.mask.defined() ? materialize(o.mask.to(x.dtype())) : Tensor();

@@ -200,10 +200,7 @@ __global__ void reset_key_halves_kernel(float* scratch, float* db, int64_t n) {
 // one vector atomic add per column quad and block (dq itself is a sum of
 // atomic adds: its order is not fixed either). The adds set the kernel's
 // time: every block adds to the same C floats, and those adds queue at the
-// L2 (bench/NOTES.md versions 41 and 42: on an H100 at 8 x 1024, scalar
-// adds from one group per block took 28 us with 2 blocks per SM, 52 with 6
-// and 110 with 16; vector adds 18 with 2, 20 with 1 or 4, 26 with 8; four
-// groups in one block per SM, 15).
+// L2, so more blocks made it slower (bench/NOTES.md versions 41 and 42).
 constexpr int kRowsInFlight = 8, kRowGroups = 4;
 __global__ void __launch_bounds__(kRowGroups* kThreads)
     reduce_dq_kernel(const float4* dq, int64_t rows, int64_t row_quads, float* scratch, float* dbq) {

@@ -230,3 +230,29 @@ TEST_CASE("attention/Philox dropout in the layer equals the explicit mask it reg
   const tg::Tensor y2 = tg::region_attention_decomposed(x, e, a, params, {0.2, std::nullopt, m});
   CHECK(max_abs_diff(y1, y2) == 0.0);
 }
+
+// trainable_copy: equal values, new leaves that require grad, memory of their
+// own (a step on the copy leaves the source as it was), the head count kept;
+// a parameter left undefined is named.
+TEST_CASE("attention/RegionAttentionParams::trainable_copy gives leaves of its own") {
+  const tg::RegionAttentionParams source = tg::RegionAttentionParams::init({8, 2, 5}, {tg::DType::Float64});
+  tg::RegionAttentionParams copy = source.trainable_copy(tg::Device::CPU);
+  CHECK(copy.heads == 2);
+  const std::vector<tg::Tensor> from = source.parameters(), to = copy.parameters();
+  for (size_t i = 0; i < from.size(); ++i) {
+    CAPTURE(i);
+    CHECK(max_abs_diff(to[i], from[i]) == 0.0);
+    CHECK((to[i].is_leaf() && to[i].requires_grad()));
+    CHECK(!tg::bytes_overlap(to[i], from[i]));
+  }
+  const tg::Tensor before = tg::clone(source.edit_region_bias);
+  {
+    tg::NoGradGuard no_grad;
+    copy.edit_region_bias.fill_(3.0);
+  }
+  CHECK(max_abs_diff(source.edit_region_bias, before) == 0.0);
+  tg::RegionAttentionParams missing = source;
+  missing.out_bias = tg::Tensor();
+  CHECK(error_of([&] { missing.trainable_copy(tg::Device::CPU); }) ==
+        "RegionAttentionParams::trainable_copy: argument 'out_bias' is an undefined tensor");
+}

@@ -472,10 +472,7 @@ void check_training_matches_decomposed(int64_t B, int64_t S, int64_t C, int64_t 
              {"fused highest", tg::AttentionImpl::Fused, "highest"},
              {"fused high", tg::AttentionImpl::Fused, "high"}}) {
       tg::set_float32_matmul_precision(precision);
-      tg::RegionAttentionParams params = host;
-      for (tg::Tensor* t : {&params.qkv_weight, &params.qkv_bias, &params.out_weight, &params.out_bias,
-                            &params.edit_region_bias, &params.within_edit_bias, &params.cross_edit_bias})
-        *t = t->detach().cuda().requires_grad_();
+      const tg::RegionAttentionParams params = host.trainable_copy(tg::Device::CUDA);
       tg::Tensor xg = x.cuda().requires_grad_();
       const tg::Tensor y = tg::region_attention(xg, e.cuda(), a.cuda(), params, {p, rng}, impl);
       y.backward(dy);
@@ -556,10 +553,7 @@ TEST_CASE("fused/training path: a NaN or Inf in an input shows where the decompo
                {"fused highest", tg::AttentionImpl::Fused, "highest"},
                {"fused high", tg::AttentionImpl::Fused, "high"}}) {
         const PrecisionScope scope(precision);
-        tg::RegionAttentionParams params = host;
-        for (tg::Tensor* t : {&params.qkv_weight, &params.qkv_bias, &params.out_weight, &params.out_bias,
-                              &params.edit_region_bias, &params.within_edit_bias, &params.cross_edit_bias})
-          *t = t->detach().cuda().requires_grad_();
+        const tg::RegionAttentionParams params = host.trainable_copy(tg::Device::CUDA);
         tg::Tensor xg = x.cuda().requires_grad_();
         const tg::Tensor y = tg::region_attention(xg, e.cuda(), a.cuda(), params, {p, tg::PhiloxState{77, 5}}, impl);
         y.backward(dy);
@@ -592,10 +586,7 @@ TEST_CASE("fused/training path: a NaN or Inf in an input shows where the decompo
 TEST_CASE("fused/training path saves O(B H S) beyond the activations" * doctest::skip(kNoGpu || !tg::cuda::caching_enabled())) {
   tg::manual_seed(104);
   const int64_t B = 2, S = 512, C = 1024, H = 16;
-  tg::RegionAttentionParams params = tg::RegionAttentionParams::init({C, H, S});
-  for (tg::Tensor* t : {&params.qkv_weight, &params.qkv_bias, &params.out_weight, &params.out_bias,
-                        &params.edit_region_bias, &params.within_edit_bias, &params.cross_edit_bias})
-    *t = t->detach().cuda().requires_grad_();
+  const tg::RegionAttentionParams params = tg::RegionAttentionParams::init({C, H, S}).trainable_copy(tg::Device::CUDA);
   const tg::Tensor x = tg::randn({B, S, C}).cuda().requires_grad_(), e = tg::ones({B, S}).cuda(), a = e;
   for (const std::string precision : {"highest", "high"}) {
     CAPTURE(precision);

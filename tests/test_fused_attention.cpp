@@ -36,10 +36,7 @@ std::array<std::vector<tg::Tensor>, 2> run_both(const Layer& L, double p) {
   std::array<std::vector<tg::Tensor>, 2> out;
   const tg::Tensor dy = tg::randn(L.x.shape(), {tg::DType::Float64});
   for (int k = 0; k < 2; ++k) {
-    tg::RegionAttentionParams params = L.params;
-    for (tg::Tensor* t : {&params.qkv_weight, &params.qkv_bias, &params.out_weight, &params.out_bias,
-                          &params.edit_region_bias, &params.within_edit_bias, &params.cross_edit_bias})
-      *t = t->detach().clone().requires_grad_();
+    const tg::RegionAttentionParams params = L.params.trainable_copy(tg::Device::CPU);
     tg::Tensor x = L.x.detach().clone().requires_grad_();
     const tg::AttentionImpl impl = k == 0 ? tg::AttentionImpl::Decomposed : tg::AttentionImpl::Fused;
     const tg::Tensor y = tg::region_attention(x, L.e, L.a, params, {p, rng}, impl);
