@@ -11,11 +11,15 @@
 // allocator's high-water mark over one step, parameters and inputs included.
 //
 // Usage: train_step [--json FILE] [--impl decomposed|fused] [--precision highest|high] [--size BxS] [--no-toy]
-// (the filters pick a configuration to profile, e.g. under ncu; default: all)
+// (the filters pick a configuration to profile, e.g. under ncu; default: all;
+// --size takes any B >= 1 and 1 <= S <= 1024, the layer's positions, in
+// place of the spec's three sizes)
 #include <algorithm>
 #include <chrono>
+#include <cinttypes>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -30,6 +34,18 @@ namespace {
 struct Size {
   int64_t B, S;
 };
+
+constexpr int64_t kPositions = 1024;  // the layer's max_positions M
+
+// "BxS" as a Size; B < 1 or S outside 1 .. kPositions (or no such text) gives none.
+std::optional<Size> parse_size(const std::string& text) {
+  Size s{};
+  char x = 0, rest = 0;
+  if (std::sscanf(text.c_str(), "%" SCNd64 "%c%" SCNd64 "%c", &s.B, &x, &s.S, &rest) != 3 || x != 'x')
+    return std::nullopt;
+  if (s.B < 1 || s.S < 1 || s.S > kPositions) return std::nullopt;
+  return s;
+}
 
 struct Result {
   std::string impl, precision;
@@ -119,23 +135,25 @@ int main(int argc, char** argv) {
   app.add_option("--json", json_path, "write the results here");
   app.add_option("--impl", only_impl, "only this implementation")->check(CLI::IsMember({"decomposed", "fused"}));
   app.add_option("--precision", only_precision, "only this precision")->check(CLI::IsMember({"highest", "high"}));
-  const std::vector<Size> sizes = {{8, 1024}, {32, 773}, {64, 128}};
-  const auto size_name = [](Size s) { return std::to_string(s.B) + "x" + std::to_string(s.S); };
-  std::vector<std::string> size_names;
-  for (const Size s : sizes) size_names.push_back(size_name(s));
-  app.add_option("--size", only_size, "only this layer size (BxS)")->check(CLI::IsMember(size_names));
+  app.add_option("--size", only_size, "only this layer size (BxS; default: 8x1024, 32x773 and 64x128)")
+      ->check([](const std::string& text) {
+        return parse_size(text) ? std::string() : "a size is BxS with B >= 1 and 1 <= S <= " + std::to_string(kPositions);
+      });
   app.add_flag("--no-toy", no_toy, "skip the toy model's step");
   CLI11_PARSE(app, argc, argv);
   const auto wanted = [](const std::string& only, const std::string& value) { return only.empty() || only == value; };
+  const std::vector<Size> sizes =
+      only_size.empty() ? std::vector<Size>{{8, 1024}, {32, 773}, {64, 128}} : std::vector<Size>{*parse_size(only_size)};
   if (!tgbench::cuda_present("train_step")) return 1;
   tg::manual_seed(0);
-  const tg::RegionAttentionParams params = tg::RegionAttentionParams::init({1024, 16, 1024}).trainable_copy(tg::Device::CUDA);
+  const tg::RegionAttentionParams params =
+      tg::RegionAttentionParams::init({1024, 16, kPositions}).trainable_copy(tg::Device::CUDA);
   std::vector<Result> layer, toy;
   for (const tg::AttentionImpl impl : {tg::AttentionImpl::Decomposed, tg::AttentionImpl::Fused}) {
     if (!wanted(only_impl, impl_name(impl))) continue;
     for (const std::string precision : {"highest", "high"})
       for (const Size size : sizes)
-        if (wanted(only_precision, precision) && wanted(only_size, size_name(size)))
+        if (wanted(only_precision, precision))
           layer.push_back(measure_layer(params, size, precision, impl));
     if (!no_toy)
       for (const int64_t B : {64, 512}) toy.push_back(measure_toy(B, impl));

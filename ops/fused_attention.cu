@@ -12,10 +12,12 @@ namespace {
 // ---------------------------------------------------------------- forward
 // One CTA per (64 queries, b, h), 4 warps of 16 query rows each; key tiles of
 // 64. Per warp and tile: S = Q K^T (8 n-tiles), the online softmax, dropout,
-// then O += Pd V with Pd's accumulator used directly as the A operand. K, V
-// and the tile's corner of edit_region_bias arrive together through cp.async.
-// With fp16 tiles ("high") q, k, v come from qkv's fp16 copy: the score
-// unscales Q K^T with the softmax scale, and Pd goes in as 2^-e_keep Pd.
+// then O += (P times the kept mask) V with the accumulator used directly as
+// the A operand, and dropout's 1 / (1 - p) applied to o once, at the end (a
+// select per element, not a select and a multiply). K, V and the tile's
+// corner of edit_region_bias arrive together through cp.async. With fp16
+// tiles ("high") q, k, v come from qkv's fp16 copy: the score unscales Q K^T
+// with the softmax scale (the kept P, at most 1, fits fp16 as it is).
 
 constexpr int kFwdRows = 64, kFwdKeys = 64, kFwdThreads = 128;
 
@@ -52,7 +54,7 @@ __global__ void __launch_bounds__(kFwdThreads, ForwardLayout<Mma>::kMinCtasPerSm
   Staged* Ks = reinterpret_cast<Staged*>(smem_bytes + Layout::kK);  // [key][d]
   Staged* Vs = reinterpret_cast<Staged*>(smem_bytes + Layout::kV);  // [key][d]
   float* Es = reinterpret_cast<float*>(smem_bytes + Layout::kE);    // [query][key]: edit_region_bias[h, i, j]
-  float* key_terms = reinterpret_cast<float*>(smem_bytes + Layout::kKeys);  // load_key_terms
+  float* key_terms = reinterpret_cast<float*>(smem_bytes + Layout::kKeys);  // KeyFlags::store
   const ScoreArgs& sc = p.sc;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   // b varies fastest in blockIdx.y: the B CTAs of one (h, query tile) run side by side and read each
@@ -67,14 +69,12 @@ __global__ void __launch_bounds__(kFwdThreads, ForwardLayout<Mma>::kMinCtasPerSm
   for (int r = 0; r < 2; ++r) terms_of[r] = rows[r] < sc.S && sc.e[b * sc.S + rows[r]] != 0.f ? kFwdKeys : 0;
   const int64_t row_id[2] = {(b * sc.H + h) * sc.S + rows[0], (b * sc.H + h) * sc.S + rows[1]};
   const float w_in = sc.w_in[h], w_x = sc.w_x[h];
-  // The score's factor of the Q K^T product, Pd's scale going into P V, and o's of the P V product.
-  float qk_scale = sc.scale, pd_scale = 1.f, o_scale = 1.f;
+  // The score's factor of the Q K^T product, and o's of the P V product (dropout's 1 / (1 - p) included).
+  float qk_scale = sc.scale, o_scale = sc.keep_scale;
   if constexpr (kHalf) {
     qk_scale *= p.half.inverse_scale(kHalfQ) * p.half.inverse_scale(kHalfK);
-    pd_scale = p.half.pd_scale;
-    o_scale = p.half.inverse_scale(kHalfV) / pd_scale;
+    o_scale *= p.half.inverse_scale(kHalfV);
   }
-  const float kept = sc.keep_scale * pd_scale;  // Pd's factor of P for a kept element (1 / (1 - p) times its scale)
   const auto q_rows = operand_rows<kHalf>(p.q, p.half.q), k_rows = operand_rows<kHalf>(p.k, p.half.k);
   const auto v_rows = operand_rows<kHalf>(p.v, p.half.v);
   float acc[8][4] = {};
@@ -85,12 +85,13 @@ __global__ void __launch_bounds__(kFwdThreads, ForwardLayout<Mma>::kMinCtasPerSm
 
   for (int64_t k0 = 0; k0 < sc.S; k0 += kFwdKeys) {
     __syncthreads();  // the previous tile is no longer read
+    const KeyFlags flags = KeyFlags::load(sc, b, k0, kFwdKeys);
     copy_head_rows<kFwdThreads>(k_rows, b, h, k0, kFwdKeys, sc.S, Ks, Layout::place());
     copy_head_rows<kFwdThreads>(v_rows, b, h, k0, kFwdKeys, sc.S, Vs, Layout::place());
     copy_tile<kFwdThreads, kFwdRows, kFwdKeys>(sc.E + (h * sc.M + q0) * sc.M + k0, sc.M, sc.S - q0, sc.S - k0, Es,
                                                kStride);
     async::commit();
-    load_key_terms(sc, b, k0, kFwdKeys, w_in, w_x, key_terms);
+    flags.store(kFwdKeys, w_in, w_x, key_terms);
     async::wait<0>();
     __syncthreads();
 
@@ -139,7 +140,7 @@ __global__ void __launch_bounds__(kFwdThreads, ForwardLayout<Mma>::kMinCtasPerSm
         const int r = c >> 1;
         const float pr = exp_shifted(s[nt][c], shift_log2e[r]);
         l_run[r] += pr;
-        s[nt][c] = pr * keep_factor(sc, draws[r + 2 * (nt % 2)], c & 1, kept);
+        s[nt][c] = keeps(sc, draws[r + 2 * (nt % 2)], c & 1) ? pr : 0.f;
       }
     }
 

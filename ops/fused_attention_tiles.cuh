@@ -349,25 +349,36 @@ __device__ __forceinline__ float2 edit_terms(bool key_ok, float e_j, float w_in,
   return {edit_term(w_in, w_x, 0.f, e_j), edit_term(w_in, w_x, 1.f, e_j)};
 }
 
-// Whether key j of batch b takes part: it exists and is not masked.
-__device__ __forceinline__ bool key_takes_part(const ScoreArgs& sc, int64_t b, int64_t j) {
-  return j < sc.S && sc.a[b * sc.S + j] != 0.f;
-}
-
 // edit_terms of keys k0 .. k0 + n - 1 into shared memory, for queries with
-// e_i = 0 (terms[j]) and e_i = 1 (terms[n + j]); thread j takes key k0 + j.
-__device__ __forceinline__ void load_key_terms(const ScoreArgs& sc, int64_t b, int64_t k0, int n, float w_in,
-                                               float w_x, float* terms) {
-  if (threadIdx.x >= n) return;
-  const int64_t j = k0 + threadIdx.x;
-  const bool ok = key_takes_part(sc, b, j);
-  const float2 t = edit_terms(ok, ok ? sc.e[b * sc.S + j] : 0.f, w_in, w_x);
-  terms[threadIdx.x] = t.x;
-  terms[n + threadIdx.x] = t.y;
-}
+// e_i = 0 (terms[j]) and e_i = 1 (terms[n + j]); thread j takes key k0 + j,
+// in two steps: KeyFlags::load issues the loads of a_j and e_j together (e_j
+// whether or not the key takes part, which edit_terms then ignores), store
+// writes the terms once they are in. The forward issues the loads first and
+// its tile's copies between the two: one memory latency under the copies'
+// issue, where a load of e_j after the copies waited on a_j's (bench/NOTES.md
+// version 43).
+struct KeyFlags {
+  float a = 0.f, e = 0.f;
+  bool inside = false;  // the key exists (j < S)
+  __device__ static KeyFlags load(const ScoreArgs& sc, int64_t b, int64_t k0, int n) {
+    KeyFlags f;
+    if (threadIdx.x >= n) return f;
+    const int64_t j = k0 + threadIdx.x;
+    f.inside = j < sc.S;
+    const int64_t at = b * sc.S + (f.inside ? j : 0);
+    f.a = sc.a[at], f.e = sc.e[at];
+    return f;
+  }
+  __device__ void store(int n, float w_in, float w_x, float* terms) const {
+    if (threadIdx.x >= n) return;
+    const float2 t = edit_terms(inside && a != 0.f, e, w_in, w_x);
+    terms[threadIdx.x] = t.x;
+    terms[n + threadIdx.x] = t.y;
+  }
+};
 
 // Queues the copies of e_j and a_j for keys k0 .. k0 + n - 1 into shared
-// memory, zeros past S: key j takes part (key_takes_part) where its a_j != 0.
+// memory, zeros past S: key j takes part (it exists and is not masked) where its a_j != 0.
 // Thread j takes key k0 + j.
 __device__ __forceinline__ void copy_key_flags(const ScoreArgs& sc, int64_t b, int64_t k0, int n, float* key_e,
                                                float* key_a) {
@@ -413,11 +424,15 @@ __device__ __forceinline__ void quad_draws(const ScoreArgs& sc, uint64_t block, 
   xor_permute(bits, u);  // bits[k]: lane u of block k (it came from lane u ^ k)
 }
 
-// Pd's factor of P for column 2u + c (c = 0, 1) of quad_draws' lane `bits`:
+// Whether column 2u + c (c = 0, 1) of quad_draws' lane `bits` is kept.
+__device__ __forceinline__ bool keeps(const ScoreArgs& sc, uint32_t bits, int c) {
+  const KeepPair k = dropout_keep_pair(bits, sc.keep_high_threshold);
+  return c ? k.odd : k.even;
+}
+// Pd's factor of P for column 2u + c of quad_draws' lane `bits`:
 // `kept` (1 / (1 - p), times a tile scale) for a kept element, else 0.
 __device__ __forceinline__ float keep_factor(const ScoreArgs& sc, uint32_t bits, int c, float kept) {
-  const KeepPair k = dropout_keep_pair(bits, sc.keep_high_threshold);
-  return (c ? k.odd : k.even) ? kept : 0.f;
+  return keeps(sc, bits, c) ? kept : 0.f;
 }
 
 // fp16 operand tiles: where each of q, k, v, dO lives, its fp16 copy and
