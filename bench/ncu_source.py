@@ -9,9 +9,10 @@ SourceCounters section,
 name; ncu repeats the page per launch): the warp instructions executed and
 the stall samples by opcode (the opcode without its modifiers, or with them
 under --modifiers), the stall reasons over the whole kernel, and with
---windows N the runs of N consecutive instructions that hold at least 1% of
-the samples (where in the code the time goes: a loop's copies, products,
-elementwise phase). bench/NOTES.md version 43 reads the training kernels so.
+--windows N each block of N consecutive instructions (in address order, from
+the kernel's first) that holds at least 1% of the samples: where in the code
+the time goes, a loop's copies, products, elementwise phase. bench/NOTES.md
+version 43 reads the training kernels so.
 
 Usage: python3 bench/ncu_source.py source.csv[.gz] [--kernel TEXT] [--top 24] [--modifiers] [--windows 64]
 """
@@ -28,17 +29,23 @@ EXECUTED = "Instructions Executed"
 
 def read_kernels(path):
     """[(kernel name, [instruction rows as dicts])], the first page of each name."""
-    opener = gzip.open if path.endswith(".gz") else open
+    with open(path, "rb") as f:
+        zipped = f.read(2) == b"\x1f\x8b"
+    opener = gzip.open if zipped else open
     kernels, seen, rows, header = [], set(), None, None
     with opener(path, "rt", newline="") as f:
         for record in csv.reader(f):
-            if record and record[0] == "Kernel Name":
+            if len(record) > 1 and record[0] == "Kernel Name":
                 rows = [] if record[1] not in seen else None
                 if rows is not None:
                     seen.add(record[1])
                     kernels.append((record[1], rows))
                 header = None
             elif record and record[0] == "Address":
+                missing = [c for c in ("Source", EXECUTED, SAMPLES) if c not in record]
+                if missing:
+                    sys.exit(f"ncu_source: {path} has no column {missing[0]!r}: take the page with "
+                             "--section SourceCounters (see this file's docstring)")
                 header = record
             elif rows is not None and header and len(record) == len(header):
                 rows.append(dict(zip(header, record)))
@@ -52,44 +59,46 @@ def opcode(source, modifiers):
 
 
 def count(row, column):
-    return int(row[column] or 0)
+    """A counter's value ('1,234' as ncu may print it; '' or '-' as 0)."""
+    value = row[column].replace(",", "")
+    return int(value) if value.isdigit() else 0
 
 
-def stall_columns(rows):
-    return [c for c in rows[0] if c.startswith("stall_") and "Not Issued" not in c]
+def stalls(rows, columns):
+    """Stall samples of the rows by reason (the column without its stall_ prefix)."""
+    total = collections.Counter()
+    for r in rows:
+        for c in columns:
+            total[c[len("stall_"):]] += count(r, c)
+    return total
 
 
 def print_kernel(name, rows, top, modifiers, window):
+    columns = [c for c in rows[0] if c.startswith("stall_") and "Not Issued" not in c]
     executed, samples = collections.Counter(), collections.Counter()
     for r in rows:
         op = opcode(r["Source"], modifiers)
         executed[op] += count(r, EXECUTED)
         samples[op] += count(r, SAMPLES)
-    total_executed, total_samples = sum(executed.values()), max(sum(samples.values()), 1)
+    total_executed, total_samples = max(sum(executed.values()), 1), max(sum(samples.values()), 1)
     print(f"== {name}")
-    print(f"{total_executed / 1e6:.1f} M warp instructions, {total_samples} stall samples")
+    print(f"{sum(executed.values()) / 1e6:.1f} M warp instructions, {sum(samples.values())} stall samples")
     for op, n in executed.most_common(top):
         print(f"  {op:<22} {n / 1e6:8.2f} M {100 * n / total_executed:5.1f}%   samples {100 * samples[op] / total_samples:5.1f}%")
-    reasons = collections.Counter()
-    for r in rows:
-        for c in stall_columns(rows):
-            reasons[c[len("stall_"):]] += count(r, c)
-    print("  stalls: " + ", ".join(f"{k} {100 * v / total_samples:.1f}%" for k, v in reasons.most_common(10)))
+    if columns:
+        print("  stalls: " + ", ".join(f"{k} {100 * v / total_samples:.1f}%"
+                                       for k, v in stalls(rows, columns).most_common(10)))
     if window:
-        print(f"  windows of {window} instructions with at least 1% of the samples:")
+        print(f"  blocks of {window} instructions with at least 1% of the samples:")
         for start in range(0, len(rows), window):
             part = rows[start:start + window]
             share = sum(count(r, SAMPLES) for r in part) / total_samples
             if share < 0.01:
                 continue
             ops = collections.Counter(opcode(r["Source"], False) for r in part)
-            why = collections.Counter()
-            for r in part:
-                for c in stall_columns(rows):
-                    why[c[len("stall_"):]] += count(r, c)
             print(f"  {start:6d}-{start + len(part):<6d} {100 * share:5.1f}%  "
                   + " ".join(f"{k}{v}" for k, v in ops.most_common(6)) + " | "
-                  + " ".join(f"{k} {v}" for k, v in why.most_common(3)))
+                  + " ".join(f"{k} {v}" for k, v in stalls(part, columns).most_common(3)))
 
 
 def main():
@@ -98,7 +107,7 @@ def main():
     ap.add_argument("--kernel", default="", help="only kernels whose name contains this text")
     ap.add_argument("--top", type=int, default=24, help="opcodes listed per kernel")
     ap.add_argument("--modifiers", action="store_true", help="keep opcode modifiers (IMAD.WIDE.U32, not IMAD)")
-    ap.add_argument("--windows", type=int, default=0, metavar="N", help="also the hot runs of N instructions")
+    ap.add_argument("--windows", type=int, default=0, metavar="N", help="also the hot blocks of N instructions")
     args = ap.parse_args()
     kernels = [(n, r) for n, r in read_kernels(args.source) if args.kernel in n and r]
     if not kernels:

@@ -15,8 +15,9 @@
 // --size takes any B >= 1 and 1 <= S <= 1024, the layer's positions, in
 // place of the spec's three sizes)
 #include <algorithm>
+#include <cctype>
+#include <charconv>
 #include <chrono>
-#include <cinttypes>
 #include <cstdio>
 #include <fstream>
 #include <optional>
@@ -37,12 +38,21 @@ struct Size {
 
 constexpr int64_t kPositions = 1024;  // the layer's max_positions M
 
-// "BxS" as a Size; B < 1 or S outside 1 .. kPositions (or no such text) gives none.
+// The spec's sizes, run when --size names none.
+const std::vector<Size> kSpecSizes = {{8, 1024}, {32, 773}, {64, 128}};
+
+// "BxS" (digits only) as a Size; B < 1, S outside 1 .. kPositions, a number
+// past int64_t or any other text gives none. (A size the layer cannot take
+// on the device, a B past the CUDA grid's or memory's limit, is the op's
+// tg::Error, which main reports.)
 std::optional<Size> parse_size(const std::string& text) {
   Size s{};
-  char x = 0, rest = 0;
-  if (std::sscanf(text.c_str(), "%" SCNd64 "%c%" SCNd64 "%c", &s.B, &x, &s.S, &rest) != 3 || x != 'x')
+  const char *begin = text.data(), *end = begin + text.size();
+  const auto [x, b_error] = std::from_chars(begin, end, s.B);
+  if (b_error != std::errc() || x == end || *x != 'x' || !std::isdigit(static_cast<unsigned char>(*begin)))
     return std::nullopt;
+  const auto [last, s_error] = std::from_chars(x + 1, end, s.S);
+  if (s_error != std::errc() || last != end || !std::isdigit(static_cast<unsigned char>(x[1]))) return std::nullopt;
   if (s.B < 1 || s.S < 1 || s.S > kPositions) return std::nullopt;
   return s;
 }
@@ -135,28 +145,31 @@ int main(int argc, char** argv) {
   app.add_option("--json", json_path, "write the results here");
   app.add_option("--impl", only_impl, "only this implementation")->check(CLI::IsMember({"decomposed", "fused"}));
   app.add_option("--precision", only_precision, "only this precision")->check(CLI::IsMember({"highest", "high"}));
-  app.add_option("--size", only_size, "only this layer size (BxS; default: 8x1024, 32x773 and 64x128)")
+  app.add_option("--size", only_size, "only this layer size (BxS, S up to 1024; default: the spec's 8x1024, 32x773 and 64x128)")
       ->check([](const std::string& text) {
         return parse_size(text) ? std::string() : "a size is BxS with B >= 1 and 1 <= S <= " + std::to_string(kPositions);
       });
   app.add_flag("--no-toy", no_toy, "skip the toy model's step");
   CLI11_PARSE(app, argc, argv);
   const auto wanted = [](const std::string& only, const std::string& value) { return only.empty() || only == value; };
-  const std::vector<Size> sizes =
-      only_size.empty() ? std::vector<Size>{{8, 1024}, {32, 773}, {64, 128}} : std::vector<Size>{*parse_size(only_size)};
+  const std::vector<Size> sizes = only_size.empty() ? kSpecSizes : std::vector<Size>{*parse_size(only_size)};
   if (!tgbench::cuda_present("train_step")) return 1;
   tg::manual_seed(0);
   const tg::RegionAttentionParams params =
       tg::RegionAttentionParams::init({1024, 16, kPositions}).trainable_copy(tg::Device::CUDA);
   std::vector<Result> layer, toy;
-  for (const tg::AttentionImpl impl : {tg::AttentionImpl::Decomposed, tg::AttentionImpl::Fused}) {
-    if (!wanted(only_impl, impl_name(impl))) continue;
-    for (const std::string precision : {"highest", "high"})
-      for (const Size size : sizes)
-        if (wanted(only_precision, precision))
-          layer.push_back(measure_layer(params, size, precision, impl));
-    if (!no_toy)
-      for (const int64_t B : {64, 512}) toy.push_back(measure_toy(B, impl));
+  try {
+    for (const tg::AttentionImpl impl : {tg::AttentionImpl::Decomposed, tg::AttentionImpl::Fused}) {
+      if (!wanted(only_impl, impl_name(impl))) continue;
+      for (const std::string precision : {"highest", "high"})
+        for (const Size size : sizes)
+          if (wanted(only_precision, precision)) layer.push_back(measure_layer(params, size, precision, impl));
+      if (!no_toy)
+        for (const int64_t B : {64, 512}) toy.push_back(measure_toy(B, impl));
+    }
+  } catch (const tg::Error& e) {
+    std::fprintf(stderr, "train_step: %s\n", e.what());
+    return 1;
   }
   std::printf("one training step of the attention layer (hidden 1024, 16 heads, p = 0.1):\n");
   print(layer);

@@ -17,7 +17,8 @@ namespace {
 // select per element, not a select and a multiply). K, V and the tile's
 // corner of edit_region_bias arrive together through cp.async. With fp16
 // tiles ("high") q, k, v come from qkv's fp16 copy: the score unscales Q K^T
-// with the softmax scale (the kept P, at most 1, fits fp16 as it is).
+// with the softmax scale, and the kept P goes in as it is (e^(s - max), at
+// most 1 up to the rounding of the shift exp_shifted takes).
 
 constexpr int kFwdRows = 64, kFwdKeys = 64, kFwdThreads = 128;
 
@@ -144,7 +145,7 @@ __global__ void __launch_bounds__(kFwdThreads, ForwardLayout<Mma>::kMinCtasPerSm
       }
     }
 
-    mma::accumulator_product<Mma, 8, 8>(acc, s, Vs, kTs, lane);  // O += Pd V
+    mma::accumulator_product<Mma, 8, 8>(acc, s, Vs, kTs, lane);  // O += (P mask) V
   }
 
   const int64_t C = sc.H * kD;
