@@ -38,20 +38,30 @@ RegionAttentionParams RegionAttentionParams::init(const RegionAttentionConfig& c
   return p;
 }
 
+namespace {
+// The parameters in parameters()' order, with their names.
+constexpr std::pair<Tensor RegionAttentionParams::*, const char*> kParameters[] = {
+    {&RegionAttentionParams::qkv_weight, "qkv_weight"},
+    {&RegionAttentionParams::qkv_bias, "qkv_bias"},
+    {&RegionAttentionParams::out_weight, "out_weight"},
+    {&RegionAttentionParams::out_bias, "out_bias"},
+    {&RegionAttentionParams::edit_region_bias, "edit_region_bias"},
+    {&RegionAttentionParams::within_edit_bias, "within_edit_bias"},
+    {&RegionAttentionParams::cross_edit_bias, "cross_edit_bias"}};
+}  // namespace
+
 std::vector<Tensor> RegionAttentionParams::parameters() const {
-  return {qkv_weight, qkv_bias, out_weight, out_bias, edit_region_bias, within_edit_bias, cross_edit_bias};
+  std::vector<Tensor> all;
+  for (const auto& [member, name] : kParameters) all.push_back(this->*member);
+  return all;
 }
 
 RegionAttentionParams RegionAttentionParams::trainable_copy(Device device) const {
   RegionAttentionParams copy = *this;
-  const std::pair<Tensor*, const char*> fields[] = {
-      {&copy.qkv_weight, "qkv_weight"}, {&copy.qkv_bias, "qkv_bias"}, {&copy.out_weight, "out_weight"},
-      {&copy.out_bias, "out_bias"}, {&copy.edit_region_bias, "edit_region_bias"},
-      {&copy.within_edit_bias, "within_edit_bias"}, {&copy.cross_edit_bias, "cross_edit_bias"}};
-  for (const auto& [t, name] : fields) {
-    check_defined("RegionAttentionParams::trainable_copy", name, *t);
-    const Tensor leaf = t->detach();
-    *t = (leaf.device() == device ? leaf.clone() : leaf.to(device)).requires_grad_();
+  for (const auto& [member, name] : kParameters) {
+    check_defined("RegionAttentionParams::trainable_copy", name, copy.*member);
+    const Tensor leaf = (copy.*member).detach();
+    copy.*member = (leaf.device() == device ? leaf.clone() : leaf.to(device)).requires_grad_();
   }
   return copy;
 }

@@ -440,7 +440,8 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
           if constexpr (recompute) {
             // a masked key's score is -inf, so its P 0
             const float score = fmaf(pd[nt][c], qk_scale, staged_in) + (query_e ? terms[r].y : terms[r].x);
-            const float keep = keep_factor(sc, draws[cq + 2 * (nt % 2)], r, kept);  // times pd_factor
+            // Pd's factor of P: kept (1 / (1 - p) times pd_factor) for a kept element, else 0
+            const float keep = keeps(sc, draws[cq + 2 * (nt % 2)], r) ? kept : 0.f;
             prob = exp_shifted(score, lse_log2e);
             dropped = prob * keep;
             d = prob * (dpd_over_pd * ds[nt][c] * keep - q_delta[il]);

@@ -349,17 +349,6 @@ __device__ __forceinline__ float2 edit_terms(bool key_ok, float e_j, float w_in,
   return {edit_term(w_in, w_x, 0.f, e_j), edit_term(w_in, w_x, 1.f, e_j)};
 }
 
-// Where key j's flags e_j and a_j are in the [B, S] masks of batch b: index
-// b S + j, or b S (a valid place, read and then ignored) for a key past S.
-struct KeyFlagAt {
-  int64_t at;
-  bool inside;  // j < S
-};
-__device__ __forceinline__ KeyFlagAt key_flag_at(const ScoreArgs& sc, int64_t b, int64_t j) {
-  const bool inside = j < sc.S;
-  return {b * sc.S + (inside ? j : 0), inside};
-}
-
 // edit_terms of keys k0 .. k0 + n - 1 into shared memory, for queries with
 // e_i = 0 (terms[j]) and e_i = 1 (terms[n + j]); thread j takes key k0 + j,
 // in two steps: KeyFlags::load issues the loads of a_j and e_j together (e_j
@@ -374,8 +363,10 @@ struct KeyFlags {
   __device__ static KeyFlags load(const ScoreArgs& sc, int64_t b, int64_t k0, int n) {
     KeyFlags f;
     if (threadIdx.x >= n) return f;
-    const KeyFlagAt key = key_flag_at(sc, b, k0 + threadIdx.x);
-    f.inside = key.inside, f.a = sc.a[key.at], f.e = sc.e[key.at];
+    const int64_t j = k0 + threadIdx.x;
+    f.inside = j < sc.S;
+    const int64_t at = b * sc.S + (f.inside ? j : 0);  // past S a valid place, read and then ignored
+    f.a = sc.a[at], f.e = sc.e[at];
     return f;
   }
   __device__ void store(int n, float w_in, float w_x, float* terms) const {
@@ -392,9 +383,11 @@ struct KeyFlags {
 __device__ __forceinline__ void copy_key_flags(const ScoreArgs& sc, int64_t b, int64_t k0, int n, float* key_e,
                                                float* key_a) {
   if (threadIdx.x >= n) return;
-  const KeyFlagAt key = key_flag_at(sc, b, k0 + threadIdx.x);
-  async::copy4(key_e + threadIdx.x, sc.e + key.at, key.inside);
-  async::copy4(key_a + threadIdx.x, sc.a + key.at, key.inside);
+  const int64_t j = k0 + threadIdx.x;
+  const bool inside = j < sc.S;
+  const int64_t at = b * sc.S + (inside ? j : 0);
+  async::copy4(key_e + threadIdx.x, sc.e + at, inside);
+  async::copy4(key_a + threadIdx.x, sc.a + at, inside);
 }
 
 // x[k] <- x[k ^ u] for a u in 0 .. 3 known only at run time (two rounds of selects).
@@ -435,11 +428,6 @@ __device__ __forceinline__ void quad_draws(const ScoreArgs& sc, uint64_t block, 
 __device__ __forceinline__ bool keeps(const ScoreArgs& sc, uint32_t bits, int c) {
   const KeepPair k = dropout_keep_pair(bits, sc.keep_high_threshold);
   return c ? k.odd : k.even;
-}
-// Pd's factor of P for column 2u + c of quad_draws' lane `bits`:
-// `kept` (1 / (1 - p), times a tile scale) for a kept element, else 0.
-__device__ __forceinline__ float keep_factor(const ScoreArgs& sc, uint32_t bits, int c, float kept) {
-  return keeps(sc, bits, c) ? kept : 0.f;
 }
 
 // fp16 operand tiles: where each of q, k, v, dO lives, its fp16 copy and
