@@ -18,8 +18,6 @@ bool sync_debug_flag = [] {
   return env && std::string(env) == "1";
 }();
 
-constexpr size_t kCublasWorkspace = size_t(32) << 20;
-
 thread_local bool stream_override = false;
 thread_local cudaStream_t override_stream = nullptr;
 }  // namespace
@@ -204,6 +202,8 @@ cublasHandle_t cublas() {
   return ctx.cublas;
 }
 
+cublasLtHandle_t cublas_lt() { return context().cublas_lt; }
+
 cudnnHandle_t cudnn() {
   TG_CUDA_CHECK(cudnnSetStream(context().cudnn, stream()), "cuda context");
   return context().cudnn;
@@ -245,6 +245,7 @@ Context& context() {
     TG_CUDA_CHECK(cudaDeviceGetAttribute(&ctx.l2_bytes, cudaDevAttrL2CacheSize, ctx.device), "cuda context");
     TG_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx.stream, cudaStreamNonBlocking), "cuda context");
     TG_CUDA_CHECK(cublasCreate(&ctx.cublas), "cuda context");
+    TG_CUDA_CHECK(cublasLtCreate(&ctx.cublas_lt), "cuda context");
     for (void** workspace : {&ctx.cublas_workspace, &ctx.side_cublas_workspace})
       TG_CUDA_CHECK(cudaMalloc(workspace, kCublasWorkspace), "cuda context");
     // Zeroed once: cuBLAS's split-k reduction (splitKreduce_kernel) reads
@@ -278,6 +279,11 @@ void check(cudnnStatus_t status, const char* op, const char* call) {
 
 void report_failure(cudaError_t status, const char* op, const char* call) {
   if (status != cudaSuccess) std::fprintf(stderr, "tapegrad: %s: %s failed: %s\n", op, call, cudaGetErrorString(status));
+}
+
+void report_failure(cublasStatus_t status, const char* op, const char* call) {
+  if (status != CUBLAS_STATUS_SUCCESS)
+    std::fprintf(stderr, "tapegrad: %s: %s failed: %s\n", op, call, cublasGetStatusName(status));
 }
 
 void check_launch(const char* op) {

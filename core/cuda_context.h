@@ -1,7 +1,8 @@
-// The per-device CUDA context (one stream, a cuBLAS handle, a cuDNN handle),
+// The per-device CUDA context (one stream, cuBLAS and cuBLASLt handles, a cuDNN handle),
 // created lazily, and the checks that turn every failing CUDA, cuBLAS and cuDNN
 // call into a tg::Error naming the op and the call.
 #pragma once
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <cudnn.h>
@@ -22,6 +23,7 @@ struct Context {
   int l2_bytes = 0;          // the L2 cache's size
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
+  cublasLtHandle_t cublas_lt = nullptr;  // for the GEMMs with an epilogue (ops/matmul.cu)
   cudnnHandle_t cudnn = nullptr;
   void* cublas_workspace = nullptr;  // fixed, so that cuBLAS allocates nothing (CUDA graph capture)
   void* side_cublas_workspace = nullptr;  // for cuBLAS in Fork side work, one fork at a time (cublas_workspace())
@@ -43,8 +45,13 @@ cublasHandle_t cublas();
 // fork's side work (which the origin's wait does not order).
 // As with the context's workspace, work on streams that the caller does not
 // order (a fork from another stream, another thread's) must not overlap:
-// the one cuBLAS handle and its two workspaces serve one thread at a time.
+// the one cuBLAS handle, the cuBLASLt handle and the two workspaces they
+// share serve one thread at a time.
 void* cublas_workspace();
+// The size of each cuBLAS workspace.
+constexpr size_t kCublasWorkspace = size_t(32) << 20;
+// The cuBLASLt handle; its calls take stream() and cublas_workspace() themselves.
+cublasLtHandle_t cublas_lt();
 cudnnHandle_t cudnn();
 
 // True inside a Fork's side work, which must not allocate (the allocator checks).
@@ -72,6 +79,7 @@ void check(cudaError_t status, const char* op, const char* call);
 // printed to stderr as "tapegrad: <op>: <call> failed: <reason>".
 void report_failure(cudaError_t status, const char* op, const char* call);
 void check(cublasStatus_t status, const char* op, const char* call);
+void report_failure(cublasStatus_t status, const char* op, const char* call);
 void check(cudnnStatus_t status, const char* op, const char* call);
 
 // A host scalar (alpha, beta) in the precision that cuBLAS and cuDNN expect for

@@ -156,6 +156,11 @@ template <>
 void GemmKernels<Device::CPU>::gemm_fp16(const Fp16Group&, int, bool, int, bool, const Tensor&, const Tensor&) {
   TG_FAIL("gemm_fp16: fp16 GEMMs run on CUDA only");
 }
+template <>
+bool GemmKernels<Device::CPU>::try_gemm_fp16_bias(const Fp16Group&, int, bool, int, bool, const Tensor&,
+                                                  const Tensor&) {
+  return false;  // gemm_fp16 then says it runs on CUDA only
+}
 
 template <>
 int64_t GemmKernels<Device::CPU>::gemm_fp16_workspace(const Fp16Group&, int, bool, int, bool, const Tensor&) {
@@ -308,16 +313,24 @@ int64_t check_fp16_product(const Fp16Group& group, int a, bool transpose_a, int 
 }  // namespace
 
 void gemm_fp16_into(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b, const Tensor& c,
-                    const Tensor& workspace) {
+                    const Tensor& workspace, const Tensor& bias) {
   const int64_t k = check_fp16_product(group, a, transpose_a, b, transpose_b, c);
   TG_CHECK(!workspace.defined() || (workspace.is_contiguous() && workspace.dtype() == DType::Float32 &&
                                     workspace.device() == c.device()),
            "gemm_fp16: the workspace must be contiguous float32 on c's device (", c.device(), "), got ",
            workspace.shape(), " ", workspace.dtype(), " on ", workspace.device(),
            workspace.is_contiguous() ? "" : ", not contiguous");
+  TG_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == c.size(1) && bias.dtype() == DType::Float32 &&
+                               bias.device() == c.device()),
+           "gemm_fp16: the bias must be float32 [", c.size(1), "] on ", c.device(), " for c ", c.shape(), "; got ",
+           dtype_name(bias.dtype()), " ", bias.shape(), " on ", bias.device());
   if (c.numel() == 0) return;
-  if (k == 0) return fill_into(c, 0.0);  // an empty sum
-  TG_DISPATCH_DEVICE(c, GemmKernels, gemm_fp16, group, a, transpose_a, b, transpose_b, c, workspace);
+  if (bias.defined() && k > 0 &&
+      TG_DISPATCH_DEVICE(c, GemmKernels, try_gemm_fp16_bias, group, a, transpose_a, b, transpose_b, bias, c))
+    return;
+  if (k == 0) fill_into(c, 0.0);  // an empty sum
+  else TG_DISPATCH_DEVICE(c, GemmKernels, gemm_fp16, group, a, transpose_a, b, transpose_b, c, workspace);
+  if (bias.defined()) add_into(c, bias);
 }
 
 int64_t gemm_fp16_workspace(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b, const Tensor& c) {
@@ -326,11 +339,11 @@ int64_t gemm_fp16_workspace(const Fp16Group& group, int a, bool transpose_a, int
   return TG_DISPATCH_DEVICE(c, GemmKernels, gemm_fp16_workspace, group, a, transpose_a, b, transpose_b, c);
 }
 
-Tensor gemm_fp16(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b) {
+Tensor gemm_fp16(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b, const Tensor& bias) {
   const auto [A, B] = gemm_fp16_operands(group, a, b);
   const Tensor c = empty({transpose_a ? A.cols : A.rows, transpose_b ? B.rows : B.cols},
                          {DType::Float32, A.values.device()});
-  gemm_fp16_into(group, a, transpose_a, b, transpose_b, c);
+  gemm_fp16_into(group, a, transpose_a, b, transpose_b, c, Tensor(), bias);
   return c;
 }
 
@@ -372,11 +385,8 @@ int split_gemm_stretches(int64_t rows, int64_t cols, int64_t depth, int64_t sms)
 
 Tensor linear_forward(const char* op, const Tensor& x2, const Tensor& w, const Tensor& b, MatmulPrecision precision,
                       bool half) {
-  if (half) {  // y = x W^T, then y += b: cuBLAS's fp16 GEMMs take twice as long with beta = 1 (bench/NOTES.md)
-    Tensor y2 = gemm_fp16(to_fp16({x2, w}), 0, false, 1, true);
-    if (b.defined()) add_into(y2, b);
-    return y2;
-  }
+  // y = x W^T + b, b in the GEMM's epilogue where cuBLASLt takes it (no pass over y of its own), else added after
+  if (half) return gemm_fp16(to_fp16({x2, w}), 0, false, 1, true, b);
   Tensor y2 = empty({x2.size(0), w.size(0)}, {x2.dtype(), x2.device()});
   if (b.defined()) copy_into(y2, broadcast_view(op, b, y2.shape()));  // y = b, then y += x W^T
   gemm_into(op, x2, transposed_view(w), y2, b.defined() ? 1.0 : 0.0, precision);

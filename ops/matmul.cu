@@ -1,6 +1,10 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <array>
+#include <map>
+#include <mutex>
+#include <optional>
 #include <type_traits>
 
 #include "core/cuda.h"
@@ -315,6 +319,9 @@ struct HalfOperand {
   int64_t cols;
 };
 
+// A transposed operand goes to cuBLAS as T, an untransposed one as N.
+cublasOperation_t cublas_op(bool transposed) { return transposed ? CUBLAS_OP_T : CUBLAS_OP_N; }
+
 HalfOperand half_operand(const Fp16Matrix& m) {
   return {reinterpret_cast<const __half*>(m.values.data<float>()), m.cols};
 }
@@ -332,16 +339,118 @@ cublasStatus_t gemm_fp16_slice(cublasHandle_t handle, HalfOperand A, bool ta, Ha
   const auto start = [&](const HalfOperand& x, bool k_rows, int64_t k) { return k_rows ? k * x.cols : k; };
   const __half* a = A.values + start(A, ta, k0);
   const __half* b = B.values + start(B, !tb, k0);
-  const auto op = [](bool t) { return t ? CUBLAS_OP_T : CUBLAS_OP_N; };
   if (count == 1)
-    return cublasGemmEx(handle, op(tb), op(ta), static_cast<int>(m), static_cast<int>(n), static_cast<int>(k_len),
-                        alpha, b, CUDA_R_16F, static_cast<int>(B.cols), a, CUDA_R_16F, static_cast<int>(A.cols), beta,
-                        c, CUDA_R_32F, static_cast<int>(m), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-  return cublasGemmStridedBatchedEx(handle, op(tb), op(ta), static_cast<int>(m), static_cast<int>(n),
+    return cublasGemmEx(handle, cublas_op(tb), cublas_op(ta), static_cast<int>(m), static_cast<int>(n),
+                        static_cast<int>(k_len), alpha, b, CUDA_R_16F, static_cast<int>(B.cols), a, CUDA_R_16F,
+                        static_cast<int>(A.cols), beta, c, CUDA_R_32F, static_cast<int>(m), CUBLAS_COMPUTE_32F,
+                        CUBLAS_GEMM_DEFAULT);
+  return cublasGemmStridedBatchedEx(handle, cublas_op(tb), cublas_op(ta), static_cast<int>(m), static_cast<int>(n),
                                     static_cast<int>(k_len), alpha, b, CUDA_R_16F, static_cast<int>(B.cols),
                                     start(B, !tb, k_len), a, CUDA_R_16F, static_cast<int>(A.cols), start(A, ta, k_len),
                                     beta, c, CUDA_R_32F, static_cast<int>(m), n * m, count, CUBLAS_COMPUTE_32F,
                                     CUBLAS_GEMM_DEFAULT);
+}
+
+constexpr const char* kBiasOp = "gemm_fp16 (bias)";
+
+// cuBLASLt's descriptors, destroyed on every path out.
+template <class T, cublasStatus_t (*kDestroy)(T)>
+struct LtOwned {
+  T value = nullptr;
+  LtOwned() = default;
+  LtOwned(const LtOwned&) = delete;
+  LtOwned& operator=(const LtOwned&) = delete;
+  ~LtOwned() {
+    if (value) report_failure(kDestroy(value), kBiasOp, "destroying a cuBLASLt descriptor");
+  }
+};
+using LtMatmulDesc = LtOwned<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy>;
+using LtLayout = LtOwned<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy>;
+using LtPreference = LtOwned<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy>;
+
+template <class T>
+void set_desc(const LtMatmulDesc& desc, cublasLtMatmulDescAttributes_t attribute, const T& value) {
+  TG_CUDA_CHECK(cublasLtMatmulDescSetAttribute(desc.value, attribute, &value, sizeof value), kBiasOp);
+}
+template <class T>
+void set_preference(const LtPreference& pref, cublasLtMatmulPreferenceAttributes_t attribute, const T& value) {
+  TG_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.value, attribute, &value, sizeof value), kBiasOp);
+}
+
+// A column-major rows x cols matrix of `type` with leading dimension ld.
+void make_layout(LtLayout& layout, cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld) {
+  TG_CUDA_CHECK(cublasLtMatrixLayoutCreate(&layout.value, type, rows, cols, ld), kBiasOp);
+}
+
+// The largest power of two up to 256 that divides p's address: cuBLASLt's
+// heuristic assumes 256-byte aligned matrices unless told less.
+uint32_t alignment_of(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  return a % 256 == 0 ? 256 : static_cast<uint32_t>(a & (~a + 1));
+}
+
+// One bias product as cuBLASLt takes it: the descriptor, the three layouts
+// (c's for C and D) and the alignments of A, B, c and the bias.
+struct LtBiasProduct {
+  LtMatmulDesc desc;
+  LtLayout a, b, c;
+  uint32_t align_a, align_b, align_c, align_bias;
+};
+
+// The heuristic's choice for a product, asked once per key (transposes,
+// sizes, leading dimensions, alignments: all it depends on; the query costs
+// host time that small products feel); none where cuBLASLt has no
+// algorithm. The cache is cleared past kMaxLtAlgos keys (a run of many
+// distinct token counts).
+using LtKey = std::array<int64_t, 11>;
+constexpr size_t kMaxLtAlgos = 4096;
+std::optional<cublasLtMatmulAlgo_t> cached_lt_algo(const LtKey& key, const LtBiasProduct& p) {
+  static std::mutex mutex;
+  static std::map<LtKey, std::optional<cublasLtMatmulAlgo_t>> algos;
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (const auto found = algos.find(key); found != algos.end()) return found->second;
+  LtPreference pref;
+  TG_CUDA_CHECK(cublasLtMatmulPreferenceCreate(&pref.value), kBiasOp);
+  set_preference(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, kCublasWorkspace);
+  set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, p.align_a);
+  set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, p.align_b);
+  set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, p.align_c);
+  set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, p.align_c);
+  cublasLtMatmulHeuristicResult_t result{};
+  int count = 0;
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(cublas_lt(), p.desc.value, p.a.value, p.b.value,
+                                                               p.c.value, p.c.value, pref.value, 1, &result, &count);
+  if (status != CUBLAS_STATUS_NOT_SUPPORTED) TG_CUDA_CHECK(status, kBiasOp);
+  const bool found = status == CUBLAS_STATUS_SUCCESS && count > 0 && result.state == CUBLAS_STATUS_SUCCESS;
+  if (algos.size() >= kMaxLtAlgos) algos.clear();
+  return algos.emplace(key, found ? std::optional(result.algo) : std::nullopt).first->second;
+}
+
+// c [n, m] = alpha op(A) op(B) + bias (bias [m] added to every row) as one
+// cuBLASLt matmul with the bias in its epilogue, which is what PyTorch's
+// addmm does on CUDA: the separate bias pass (c read and written again) goes.
+// Column-major as gemm_fp16_slice: c^T = op(B)^T op(A)^T, the bias a column
+// vector along c^T's m rows. False where cuBLASLt has no algorithm for it
+// (nothing queued).
+bool gemm_fp16_bias_lt(HalfOperand A, bool ta, HalfOperand B, bool tb, int64_t n, int64_t m, int64_t k,
+                       const float* alpha, const float* zero, const float* bias, float* c) {
+  LtBiasProduct p{{}, {}, {}, {}, alignment_of(B.values), alignment_of(A.values), alignment_of(c), alignment_of(bias)};
+  TG_CUDA_CHECK(cublasLtMatmulDescCreate(&p.desc.value, CUBLAS_COMPUTE_32F, CUDA_R_32F), kBiasOp);
+  set_desc(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, cublas_op(tb));
+  set_desc(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, cublas_op(ta));
+  set_desc(p.desc, CUBLASLT_MATMUL_DESC_POINTER_MODE, CUBLASLT_POINTER_MODE_DEVICE);  // alpha and beta on the device
+  set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS);
+  set_desc(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+  make_layout(p.a, CUDA_R_16F, tb ? k : m, tb ? m : k, B.cols);  // cuBLAS's A is our B, its B our A
+  make_layout(p.b, CUDA_R_16F, ta ? n : k, ta ? k : n, A.cols);
+  make_layout(p.c, CUDA_R_32F, m, n, m);
+  const LtKey key{ta, tb, n, m, k, A.cols, B.cols, p.align_a, p.align_b, p.align_c, p.align_bias};
+  const std::optional<cublasLtMatmulAlgo_t> algo = cached_lt_algo(key, p);
+  if (!algo) return false;
+  TG_CUDA_CHECK(cublasLtMatmul(cublas_lt(), p.desc.value, alpha, B.values, p.a.value, A.values, p.b.value, zero, c,
+                               p.c.value, c, p.c.value, &*algo, cublas_workspace(), kCublasWorkspace, stream()),
+                kBiasOp);
+  return true;
 }
 
 // c[e] = (((c[e] + w[0][e]) + w[1][e]) + ...) + w[count - 1][e], w's slices
@@ -370,17 +479,26 @@ int split_gemm_splits(const SplitGemm& g) {
   return split_gemm_stretches(g.rows, g.cols, g.depth, context().sm_count);
 }
 
+// The device scalars of the product of the group's matrices a and b
+// (Fp16Group::scalars): its alpha, and the alpha of its cross terms hi lo
+// and lo hi with a split group.
+const float* product_alpha(const Fp16Group& group, int a, int b) {
+  return group.scalars.data<float>() + a * kMaxFp16Group + b;
+}
+const float* product_low_alpha(const Fp16Group& group, int a, int b) {
+  return group.scalars.data<float>() + kFp16LowAlphas + a * kMaxFp16Group + b;
+}
+
 // The product c = op(A) op(B) of the group's matrices a and b as the split
 // GEMM takes it, with its stretches (0: cuBLAS instead; a group without low
 // parts always goes to cuBLAS).
 SplitGemm split_gemm_of(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b, const Tensor& c) {
   const Fp16Matrix &A = group.matrices[a], &B = group.matrices[b];
-  const float* scalars = group.scalars.data<float>();
   const bool split = !group.lows.empty();
   const HalfOperand a_hi = half_operand(A), b_hi = half_operand(B);
   const HalfOperand a_lo = split ? half_operand(group.lows[a]) : a_hi, b_lo = split ? half_operand(group.lows[b]) : b_hi;
   SplitGemm g{a_hi.values, a_lo.values, b_hi.values, b_lo.values, transpose_a, transpose_b, c.data<float>(),
-              scalars + a * kMaxFp16Group + b, scalars + kFp16LowAlphas + a * kMaxFp16Group + b,
+              product_alpha(group, a, b), product_low_alpha(group, a, b),
               c.size(0), c.size(1), transpose_a ? A.rows : A.cols};
   g.splits = split ? split_gemm_splits(g) : 0;
   return g;
@@ -407,6 +525,18 @@ template <>
 int64_t GemmKernels<Device::CUDA>::gemm_fp16_workspace(const Fp16Group& group, int a, bool transpose_a, int b,
                                                       bool transpose_b, const Tensor& c) {
   return cuda::workspace_floats(cuda::split_gemm_of(group, a, transpose_a, b, transpose_b, c), !group.lows.empty());
+}
+
+template <>
+bool GemmKernels<Device::CUDA>::try_gemm_fp16_bias(const Fp16Group& group, int a, bool transpose_a, int b,
+                                                   bool transpose_b, const Tensor& bias, const Tensor& c) {
+  using namespace cuda;
+  if (!group.lows.empty() || !bias.is_contiguous() || !aligned16(bias.raw_data())) return false;
+  const Fp16Matrix &A = group.matrices[a], &B = group.matrices[b];
+  const int64_t k = transpose_a ? A.rows : A.cols;
+  return gemm_fp16_bias_lt(half_operand(A), transpose_a, half_operand(B), transpose_b, c.size(0), c.size(1), k,
+                           product_alpha(group, a, b), group.scalars.data<float>() + kFp16Beta, bias.data<float>(),
+                           c.data<float>());
 }
 
 template <>

@@ -11,8 +11,11 @@
 //                    to_fp16, ops/matmul_kernels.h: TF32's mantissa at twice
 //                    TF32's rate, but one power-of-two scale per matrix, so
 //                    an element 2^22 below its matrix's largest loses
-//                    precision). The fused attention layer's projections at
-//                    "high". Elsewhere it is linear at "high".
+//                    precision), b added in the GEMM's epilogue where
+//                    cuBLASLt takes it (as PyTorch's addmm does; a bias on
+//                    a 16-byte boundary), else by a pass after. The fused
+//                    attention layer's projections at "high". Elsewhere it
+//                    is linear at "high".
 //
 // float32 GEMMs run at `precision` ("highest" = fp32, "high" = TF32 tensor
 // cores on CUDA); float64 GEMMs are always fp64.

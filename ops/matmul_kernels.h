@@ -172,14 +172,19 @@ void convert_to_fp16(const std::vector<Tensor>& xs, const Fp16Group& group, int 
 // allocated here unless given: a cuda::Fork's side work, which allocates
 // nothing, runs the product with one allocated before the fork, of at least
 // gemm_fp16_workspace's floats for this c (0: none needed).
+// With a bias ([m] float32, on c's device) c = op(A) @ op(B) + bias, the
+// bias added to every row: in cuBLASLt's epilogue where it takes the product
+// (a group without low parts, the bias packed on a 16-byte boundary), else by
+// a pass after it.
 void gemm_fp16_into(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b, const Tensor& c,
-                    const Tensor& workspace = Tensor());
+                    const Tensor& workspace = Tensor(), const Tensor& bias = Tensor());
 // The floats of workspace gemm_fp16_into needs for this product: they depend
 // on c's address (the split GEMM's alignment) and on enable_warpgroup_gemm,
 // so ask with the same c and setting as the product's.
 int64_t gemm_fp16_workspace(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b, const Tensor& c);
 // The same into a new float32 c [n, m].
-Tensor gemm_fp16(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b);
+Tensor gemm_fp16(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b,
+                 const Tensor& bias = Tensor());
 
 // linear's two halves, untracked, for ops that hold a projection too: y2 =
 // x2 W^T + b (x2 [rows, in], w [out, in], b [out] or undefined), with half
@@ -223,6 +228,11 @@ struct GemmKernels {
                         const Tensor& workspace);
   static int64_t gemm_fp16_workspace(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b,
                                      const Tensor& c);  // CUDA only
+  // CUDA: c = op(A) op(B) + bias in one cuBLASLt GEMM with the bias in its epilogue; false (nothing queued)
+  // where it does not take the product: a group with low parts, a bias not contiguous or not on a 16-byte
+  // boundary, no cuBLASLt algorithm for it (and always on the CPU)
+  static bool try_gemm_fp16_bias(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b,
+                             const Tensor& bias, const Tensor& c);
 };
 
 }  // namespace tg

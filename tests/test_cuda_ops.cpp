@@ -170,6 +170,60 @@ TEST_CASE("cuda/gemm_fp16: TF32's accuracy at any magnitude, every transpose, tw
                     doctest::Contains("matrices 0 and 4 of a group of 4"));
 }
 
+// A bias in the fp16 GEMM: in cuBLASLt's epilogue (a bias on a 16-byte
+// boundary, a group without low parts: try_gemm_fp16_bias takes it, checked
+// where cuBLASLt has an algorithm for every transpose) and by the pass after
+// it (a bias 4 bytes off one; a split group) c is the product plus the bias
+// on every row, every element written (c poisoned, 16 bytes into its
+// buffer), against the product without a bias plus the bias in float64;
+// shapes with n, m or k of 1 and odd m. k = 0 gives the bias alone; a bias of
+// the wrong size is named.
+TEST_CASE("cuda/gemm_fp16: a bias added to every row, in the epilogue or after it" * doctest::skip(kNoGpu)) {
+  const tg::TensorOptions cuda32{tg::DType::Float32, tg::Device::CUDA};
+  const auto f64 = [](const tg::Tensor& t) { return t.cpu().to(tg::DType::Float64); };
+  using Sizes = std::tuple<int64_t, int64_t, int64_t>;  // c [n, m], depth k
+  for (const auto& [n, m, k] : {Sizes{300, 200, 96}, Sizes{33, 9, 17}, Sizes{1, 5, 3}, Sizes{7, 1, 3}, Sizes{5, 7, 1}})
+    for (const bool ta : {false, true})
+      for (const bool tb : {false, true}) {
+        const tg::Tensor a = tg::randn(ta ? tg::Shape{k, n} : tg::Shape{n, k}).cuda();
+        const tg::Tensor b = tg::randn(tb ? tg::Shape{m, k} : tg::Shape{k, m}).cuda();
+        const tg::Tensor stored = tg::randn({m + 4}).cuda();
+        for (const int64_t shift : {4, 1})  // 16 bytes into a fresh tensor (16-byte aligned), 4 bytes
+          for (const bool split : {false, true}) {
+            CAPTURE(n);
+            CAPTURE(m);
+            CAPTURE(k);
+            CAPTURE(ta);
+            CAPTURE(tb);
+            CAPTURE(shift);
+            CAPTURE(split);
+            const tg::Tensor bias = stored.narrow(0, shift, m);
+            const tg::Fp16Group group = split ? tg::to_fp16_split({a, b}) : tg::to_fp16({a, b});
+            const tg::Tensor plain = tg::full({n, m}, std::nan(""), cuda32);
+            tg::gemm_fp16_into(group, 0, ta, 1, tb, plain);
+            tg::Tensor c = tg::full({n * m + 4}, std::nan(""), cuda32).narrow(0, 4, n * m).view({n, m});
+            tg::gemm_fp16_into(group, 0, ta, 1, tb, c, tg::Tensor(), bias);
+            const tg::Tensor expected = tg::add(f64(plain), f64(bias));
+            CHECK(max_abs_diff(f64(c), expected) < 2e-5 * double(k));  // fp32 sums of |a b| ~ 1 in any order
+            CHECK(max_abs_diff(f64(tg::gemm_fp16(group, 0, ta, 1, tb, bias)), expected) < 2e-5 * double(k));
+#ifdef TG_CUDA
+            if (n == 300 || split || shift == 1) {
+              c.fill_(std::nan(""));
+              const bool took = tg::GemmKernels<tg::Device::CUDA>::try_gemm_fp16_bias(group, 0, ta, 1, tb, bias, c);
+              CHECK(took == (!split && shift == 4));
+              if (took) CHECK(max_abs_diff(f64(c), expected) < 2e-5 * double(k));
+            }
+#endif
+          }
+      }
+  const tg::Fp16Group empty_k = tg::to_fp16({tg::empty({5, 0}, cuda32), tg::empty({3, 0}, cuda32)});
+  const tg::Tensor bias3 = tg::randn({3}).cuda();
+  CHECK(max_abs_diff(tg::gemm_fp16(empty_k, 0, false, 1, true, bias3).cpu(), bias3.cpu().expand({5, 3})) == 0);
+  const tg::Tensor x = tg::randn({4, 6}).cuda(), w = tg::randn({5, 6}).cuda();
+  CHECK_THROWS_WITH(tg::gemm_fp16(tg::to_fp16({x, w}), 0, false, 1, true, tg::ones({6}, cuda32)),
+                    doctest::Contains("gemm_fp16: the bias must be float32 [5] on cuda for c [4,5]; got float32 [6]"));
+}
+
 #ifdef TG_CUDA
 namespace tgtest {
 // c = a b^T, 64 x 64 x k; layouts: 0 no swizzle, 1 A with the 128-byte swizzle, 2 B, 3 both,

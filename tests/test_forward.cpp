@@ -268,8 +268,9 @@ TEST_CASE("forward/unary ops in float32 in lanes and element by element against 
   }
 }
 
-// The untracked in-place add behind linear_fp16's bias: b broadcast over
-// dst's rows, dst both an input and the output.
+// The untracked in-place add behind linear_fp16's bias where the GEMM's
+// epilogue does not take it: b broadcast over dst's rows, dst both an input
+// and the output.
 TEST_CASE("forward/add_into adds a broadcast operand in place") {
   const tg::Tensor dst = tg::from_vector({1, 2, 3, 4, 5, 6}, {2, 3}), b = tg::from_vector({10, 20, 30}, {3});
   tg::add_into(dst, b);
