@@ -447,9 +447,11 @@ bool gemm_fp16_bias_lt(HalfOperand A, bool ta, HalfOperand B, bool tb, int64_t n
   const LtKey key{ta, tb, n, m, k, A.cols, B.cols, p.align_a, p.align_b, p.align_c, p.align_bias};
   const std::optional<cublasLtMatmulAlgo_t> algo = cached_lt_algo(key, p);
   if (!algo) return false;
-  TG_CUDA_CHECK(cublasLtMatmul(cublas_lt(), p.desc.value, alpha, B.values, p.a.value, A.values, p.b.value, zero, c,
-                               p.c.value, c, p.c.value, &*algo, cublas_workspace(), kCublasWorkspace, stream()),
-                kBiasOp);
+  const cublasStatus_t status = cublasLtMatmul(cublas_lt(), p.desc.value, alpha, B.values, p.a.value, A.values,
+                                               p.b.value, zero, c, p.c.value, c, p.c.value, &*algo,
+                                               cublas_workspace(), kCublasWorkspace, stream());
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED) return false;  // refused before anything was queued
+  TG_CUDA_CHECK(status, kBiasOp);
   return true;
 }
 
@@ -534,6 +536,10 @@ bool GemmKernels<Device::CUDA>::try_gemm_fp16_bias(const Fp16Group& group, int a
   if (!group.lows.empty() || !bias.is_contiguous() || !aligned16(bias.raw_data())) return false;
   const Fp16Matrix &A = group.matrices[a], &B = group.matrices[b];
   const int64_t k = transpose_a ? A.rows : A.cols;
+  // The shapes PyTorch's addmm gives cuBLASLt's bias epilogue: no depth or output width of 1, no side past
+  // 65535 x 32 (the others go the proven way, the GEMM and the add).
+  constexpr int64_t kLtLargest = int64_t(65535) * 32;
+  if (k <= 1 || c.size(1) <= 1 || std::max({c.size(0), c.size(1), k}) >= kLtLargest) return false;
   return gemm_fp16_bias_lt(half_operand(A), transpose_a, half_operand(B), transpose_b, c.size(0), c.size(1), k,
                            product_alpha(group, a, b), group.scalars.data<float>() + kFp16Beta, bias.data<float>(),
                            c.data<float>());

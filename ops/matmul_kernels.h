@@ -174,8 +174,8 @@ void convert_to_fp16(const std::vector<Tensor>& xs, const Fp16Group& group, int 
 // gemm_fp16_workspace's floats for this c (0: none needed).
 // With a bias ([m] float32, on c's device) c = op(A) @ op(B) + bias, the
 // bias added to every row: in cuBLASLt's epilogue where it takes the product
-// (a group without low parts, the bias packed on a 16-byte boundary), else by
-// a pass after it.
+// (try_gemm_fp16_bias: a group without low parts, the bias packed on a
+// 16-byte boundary, k and m above 1), else by a pass after it.
 void gemm_fp16_into(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b, const Tensor& c,
                     const Tensor& workspace = Tensor(), const Tensor& bias = Tensor());
 // The floats of workspace gemm_fp16_into needs for this product: they depend
@@ -230,7 +230,8 @@ struct GemmKernels {
                                      const Tensor& c);  // CUDA only
   // CUDA: c = op(A) op(B) + bias in one cuBLASLt GEMM with the bias in its epilogue; false (nothing queued)
   // where it does not take the product: a group with low parts, a bias not contiguous or not on a 16-byte
-  // boundary, no cuBLASLt algorithm for it (and always on the CPU)
+  // boundary, a shape PyTorch keeps from that epilogue (k or m of 1, a side of 65535 x 32 or more), no
+  // cuBLASLt algorithm for it (and always on the CPU)
   static bool try_gemm_fp16_bias(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b,
                              const Tensor& bias, const Tensor& c);
 };
