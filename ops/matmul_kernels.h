@@ -233,7 +233,7 @@ struct GemmKernels {
   // boundary, a shape PyTorch keeps from that epilogue (k or m of 1, a side of 65535 x 32 or more), no
   // cuBLASLt algorithm for it (and always on the CPU)
   static bool try_gemm_fp16_bias(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b,
-                             const Tensor& bias, const Tensor& c);
+                                 const Tensor& bias, const Tensor& c);
 };
 
 }  // namespace tg
