@@ -84,7 +84,8 @@ def print_kernel(name, rows, top, modifiers, window):
     print(f"== {name}")
     print(f"{sum(executed.values()) / 1e6:.1f} M warp instructions, {sum(samples.values())} stall samples")
     for op, n in executed.most_common(top):
-        print(f"  {op:<22} {n / 1e6:8.2f} M {100 * n / total_executed:5.1f}%   samples {100 * samples[op] / total_samples:5.1f}%")
+        share, sampled = 100 * n / total_executed, 100 * samples[op] / total_samples
+        print(f"  {op:<22} {n / 1e6:8.2f} M {share:5.1f}%   samples {sampled:5.1f}%")
     if columns:
         print("  stalls: " + ", ".join(f"{k} {100 * v / total_samples:.1f}%"
                                        for k, v in stalls(rows, columns).most_common(10)))

@@ -145,9 +145,11 @@ int main(int argc, char** argv) {
   app.add_option("--json", json_path, "write the results here");
   app.add_option("--impl", only_impl, "only this implementation")->check(CLI::IsMember({"decomposed", "fused"}));
   app.add_option("--precision", only_precision, "only this precision")->check(CLI::IsMember({"highest", "high"}));
-  app.add_option("--size", only_size, "only this layer size (BxS, S up to 1024; default: the spec's 8x1024, 32x773 and 64x128)")
+  app.add_option("--size", only_size,
+                 "only this layer size (BxS, S up to 1024; default: the spec's 8x1024, 32x773 and 64x128)")
       ->check([](const std::string& text) {
-        return parse_size(text) ? std::string() : "a size is BxS with B >= 1 and 1 <= S <= " + std::to_string(kPositions);
+        if (parse_size(text)) return std::string();
+        return "a size is BxS with B >= 1 and 1 <= S <= " + std::to_string(kPositions);
       });
   app.add_flag("--no-toy", no_toy, "skip the toy model's step");
   CLI11_PARSE(app, argc, argv);
