@@ -25,6 +25,7 @@ class Storage {
   Device device() const { return device_; }
   uint64_t version() const { return version_.load(std::memory_order_relaxed); }
   void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
+  bool owned() const { return owned_; }  // false: tg::from_blob's borrowed memory
 
  private:
   void* data_ = nullptr;

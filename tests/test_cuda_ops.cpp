@@ -1067,6 +1067,44 @@ TEST_CASE("cuda/check_binary_mask" * doctest::skip(kNoGpu)) {
                  "op: b is on cpu, a on cuda"));
 }
 
+// A CUDA mask found binary is remembered by storage, version and view (ops/binary_mask.h): a write behind
+// tapegrad's back is not seen, while tapegrad's writes, another view and borrowed memory are counted again; a bad
+// mask is never remembered; two remembered masks on two devices are still refused.
+TEST_CASE("cuda/check_binary_mask: a mask found binary is counted again once written" * doctest::skip(kNoGpu)) {
+  const auto check = [](const tg::Tensor& t) { return error_of([&] { tg::check_binary_mask("op", "m", t); }); };
+  tg::Tensor m = tg::from_vector({0, 1, 1, 0, 1, 1}, {3, 2}).cuda();
+  CHECK(check(m).empty());
+  const float two = 2;
+  REQUIRE(cudaMemcpy(static_cast<float*>(m.raw_data()) + 3, &two, sizeof two, cudaMemcpyHostToDevice) == cudaSuccess);
+  CHECK(check(m).empty());  // unseen: the storage's version is the one found binary
+  CHECK(check(m.transpose(0, 1)) == "op: m [2,3] must hold only 0 and 1; element 4 is 2");  // other strides
+  CHECK(check(m.narrow(0, 0, 1)).empty());                                                   // other shape
+  const tg::Tensor rows = tg::from_vector({1, 0, 2, 1}, {2, 2}).cuda();
+  CHECK(check(rows.narrow(0, 0, 1)).empty());  // the same offset and strides as rows, a smaller shape
+  CHECK(check(rows) == "op: m [2,2] must hold only 0 and 1; element 2 is 2");
+  CHECK(check(m.narrow(0, 1, 1)) == "op: m [1,2] must hold only 0 and 1; element 1 is 2");  // other offset
+  m.mul_(1.0);  // an in-place op bumps the version
+  CHECK(check(m) == "op: m [3,2] must hold only 0 and 1; element 3 is 2");
+  m.copy_(tg::zeros({3, 2}).cuda());
+  CHECK(check(m).empty());
+  m.fill_(0.5);
+  CHECK(check(m) == "op: m [3,2] must hold only 0 and 1; element 0 is 0.5");
+  const tg::Tensor owner = tg::ones({3}).cuda();
+  const tg::Tensor view = tg::from_blob(owner.raw_data(), {3}, {tg::DType::Float32, tg::Device::CUDA});
+  CHECK(check(view).empty());
+  REQUIRE(cudaMemcpy(owner.raw_data(), &two, sizeof two, cudaMemcpyHostToDevice) == cudaSuccess);
+  CHECK(check(view) == "op: m [3] must hold only 0 and 1; element 0 is 2");  // borrowed: counted every time
+  const tg::Tensor good = tg::ones({2}).cuda(), bad = tg::from_vector({1, -1}, {2}).cuda();
+  CHECK(check(good).empty());
+  for (int i = 0; i < 2; ++i)  // the second time too: a bad mask is never remembered
+    CHECK(error_of([&] { tg::check_binary_masks("op", {{"g", good}, {"b", bad}}); }) ==
+          "op: b [2] must hold only 0 and 1; element 1 is -1");
+  const tg::Tensor host = tg::ones({2});
+  CHECK(check(host).empty());
+  CHECK(contains(error_of([&] { tg::check_binary_masks("op", {{"g", good}, {"h", host}}); }),
+                 "op: h is on cpu, g on cuda"));
+}
+
 // The foreach updates (ops/foreach.h) on the GPU against the CPU's, on 100
 // random tensors (some empty, more than one launch's kForeachSlots) with
 // step counts of their own: the same update to a few float32 ulps, float64's

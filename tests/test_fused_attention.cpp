@@ -174,6 +174,7 @@ void check_interface_matches_graph(const Layer& L, const tg::Tensor& m, double p
   const tg::fused::Gradients g{poisoned({B, S, C}), poisoned({3 * C, C}), poisoned({3 * C}), poisoned({C, C}),
                                poisoned({C}),       poisoned({H, M, M}),  poisoned({H, 1, 1}), poisoned({H, 1, 1})};
   tg::fused::region_attention_backward_into(in, 1 / std::sqrt(double(D)), p, tg::MatmulPrecision::Default, g);
+  for (const tg::Tensor& t : tg::fused::outputs_of(g)) CHECK(t.version() == 1);  // written in place, like copy_
   CHECK(max_abs_diff(g.hidden_states, x.grad()) < 1e-10);
   CHECK(max_abs_diff(g.qkv_weight, P.qkv_weight.grad()) < 1e-10);
   CHECK(max_abs_diff(g.qkv_bias, P.qkv_bias.grad()) < 1e-10);

@@ -149,6 +149,16 @@ TEST_CASE("numerics/masks must hold only 0 and 1") {
   CHECK(error_of([&] { tg::check_binary_masks("op", {{"a", a}, {"e", e}}); }).empty());
 }
 
+// Only CUDA masks found binary are remembered (ops/binary_mask.h): a CPU mask refilled through data<T>() is
+// counted again at every check.
+TEST_CASE("numerics/a CPU mask is counted at every check") {
+  const tg::Tensor m = tg::from_vector({0, 1, 1, 0}, {2, 2});
+  const auto check = [](const tg::Tensor& t) { return error_of([&] { tg::check_binary_mask("op", "m", t); }); };
+  CHECK(check(m).empty());
+  m.data<float>()[1] = 2;
+  CHECK(check(m) == "op: m [2,2] must hold only 0 and 1; element 1 is 2");
+}
+
 TEST_CASE("numerics/an unknown dtype is a clear error, not float64") {
   const auto bogus = static_cast<tg::DType>(7);
   CHECK(error_of([&] { tg::element_size(bogus); }) == "element_size: unknown dtype (enumerator 7)");
