@@ -139,12 +139,11 @@ __device__ __forceinline__ void store_pair(__half* out, __half* low, int64_t i, 
 }
 
 // Fp16HeadDots: adds the dot of quad q of x (v, in column col) with
-// other's to its head row's. A head row is 16 quads, held by 16 consecutive
+// other's (o) to its head row's. A head row is 16 quads, held by 16 consecutive
 // lanes (the quads of a step are consecutive, and 64-wide head rows start at
 // multiples of 16 quads), which sum their parts by shuffles; the first
 // stores the sum.
-__device__ __forceinline__ void add_head_dot(const Fp16Batch& batch, int64_t q, int64_t col, float4 v) {
-  const float4 o = reinterpret_cast<const float4*>(batch.dot_other)[q];
+__device__ __forceinline__ void add_head_dot(const Fp16Batch& batch, int64_t q, int64_t col, float4 v, float4 o) {
   float dot = v.x * o.x + v.y * o.y + v.z * o.z + v.w * o.w;
   const unsigned half = 0xffffu << (threadIdx.x & 16);  // this lane's 16 (all take this step together)
 #pragma unroll
@@ -155,10 +154,13 @@ __device__ __forceinline__ void add_head_dot(const Fp16Batch& batch, int64_t q, 
   }
 }
 
-// x scale to fp16, four elements per thread, for matrix blockIdx.y (with
-// kLow also the low parts); returns the largest finite |x| this thread saw.
-// With kDots, matrix 0's head dots too (Fp16HeadDots: x aligned, a whole
-// number of head rows, so every quad takes the vector path).
+// x scale to fp16, for matrix blockIdx.y (with kLow also the low parts);
+// returns the largest finite |x| this thread saw. A thread takes quads q and
+// q + step (step: the grid's threads) at a time, both loaded before either
+// is stored (two loads in flight per thread; one stalled on its load before
+// the next could start). With kDots, matrix 0's head dots too
+// (Fp16HeadDots: x aligned, a whole number of head rows, so every quad
+// takes the vector path, and the 16 lanes of a head row the same branch).
 template <bool kLow, bool kDots = false>
 __device__ float convert(const Fp16Batch& batch, int t, float scale) {
   const float* x = batch.x[t];
@@ -166,31 +168,49 @@ __device__ float convert(const Fp16Batch& batch, int t, float scale) {
   const int64_t n = batch.n[t], cols = batch.cols[t], step = int64_t(gridDim.x) * blockDim.x;
   __half *out = batch.out[t], *low = batch.low[t];
   float m = 0.f;
-  int64_t q = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  // With a bias or dots: the column of element 4q, advanced by the loop's
-  // step modulo cols (one division per thread, not one per quad).
+  // With a bias or dots: the column of element 4q, advanced by step quads
+  // modulo cols (one division per thread, not one per quad).
   const bool track = bias || kDots;
   const int64_t col_step = track ? (4 * step) % cols : 0;
+  const auto next_col = [&](int64_t col) { return col + col_step < cols ? col + col_step : col + col_step - cols; };
+  const auto vector_quad = [&](int64_t q) {  // aligned: cols % 4 == 0 with a bias, so a quad is in one row
+    return batch.aligned[t] && 4 * q + 4 <= n;
+  };
+  // Quad q (at column col), loaded (v, and o with kDots), to fp16.
+  const auto finish_quad = [&](int64_t q, int64_t col, float4 v, float4 o) {
+    if (bias) {
+      const float4 c = *reinterpret_cast<const float4*>(bias + col);
+      v = make_float4(c.x + v.x, c.y + v.y, c.z + v.z, c.w + v.w);
+    }
+    if constexpr (kDots) add_head_dot(batch, q, col, v, o);
+    m = fmaxf(m, finite_abs_max(v));
+    store_pair<kLow>(out, low, 2 * q, v.x * scale, v.y * scale);
+    store_pair<kLow>(out, low, 2 * q + 1, v.z * scale, v.w * scale);
+  };
+  const auto load = [](const float* p, int64_t q) { return reinterpret_cast<const float4*>(p)[q]; };
+  const auto other = [&](int64_t q) { return kDots ? load(batch.dot_other, q) : float4{}; };
+  // Quad q alone: a vector, or element by element (x unaligned, or a partial last quad).
+  const auto convert_quad = [&](int64_t q, int64_t col) {
+    if (vector_quad(q)) return finish_quad(q, col, load(x, q), other(q));
+    for (int64_t i = 4 * q; i < n && i < 4 * q + 4; ++i) {
+      const float v = batch.element(t, i), y = v * scale;
+      const __half hi = __float2half_rn(y);
+      m = fmaxf(m, finite_abs(v));
+      out[i] = hi;
+      if constexpr (kLow) low[i] = __float2half_rn(low_part(y, __half2float(hi)));
+    }
+  };
+  int64_t q = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   int64_t col = track ? (4 * q) % cols : 0;
-  for (; 4 * q < n; q += step, col = col + col_step < cols ? col + col_step : col + col_step - cols) {
-    if (batch.aligned[t] && 4 * q + 4 <= n) {
-      float4 v = reinterpret_cast<const float4*>(x)[q];
-      if (bias) {  // aligned: cols % 4 == 0, so the quad is in one row
-        const float4 c = *reinterpret_cast<const float4*>(bias + col);
-        v = make_float4(c.x + v.x, c.y + v.y, c.z + v.z, c.w + v.w);
-      }
-      if constexpr (kDots) add_head_dot(batch, q, col, v);
-      m = fmaxf(m, finite_abs_max(v));
-      store_pair<kLow>(out, low, 2 * q, v.x * scale, v.y * scale);
-      store_pair<kLow>(out, low, 2 * q + 1, v.z * scale, v.w * scale);
+  for (; 4 * q < n; q += 2 * step, col = next_col(next_col(col))) {
+    const int64_t q2 = q + step, col2 = next_col(col);
+    if (vector_quad(q2)) {  // then q's too
+      const float4 v = load(x, q), v2 = load(x, q2), o = other(q), o2 = other(q2);
+      finish_quad(q, col, v, o);
+      finish_quad(q2, col2, v2, o2);
     } else {
-      for (int64_t i = 4 * q; i < n && i < 4 * q + 4; ++i) {
-        const float v = batch.element(t, i), y = v * scale;
-        const __half hi = __float2half_rn(y);
-        m = fmaxf(m, finite_abs(v));
-        out[i] = hi;
-        if constexpr (kLow) low[i] = __float2half_rn(low_part(y, __half2float(hi)));
-      }
+      convert_quad(q, col);
+      if (4 * q2 < n) convert_quad(q2, col2);
     }
   }
   return m;
