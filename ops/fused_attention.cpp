@@ -313,16 +313,21 @@ void check_core_args(const char* op, const std::string& qkv, const Shape& qkv_sh
   }
 }
 
-// The kernels' view of checked arguments.
-AttentionInputs core_inputs_of(const Tensor& qkv, const Tensor& e, const Tensor& a, const Tensor& E,
-                               const Tensor& w_in, const Tensor& w_x, int64_t H) {
-  const int64_t B = qkv.size(0), S = qkv.size(1), D = qkv.size(2) / 3 / H;
+// The kernels' view of checked arguments: from qkv [B,S,3C] (qkv_shape), or
+// from its fp16 copy alone (qkv undefined, qkv_half given: linear_to_fp16's),
+// whose q, k and v are then undefined.
+AttentionInputs core_inputs_of(const Shape& qkv_shape, const Tensor& qkv, Fp16Group qkv_half, const Tensor& e,
+                               const Tensor& a, const Tensor& E, const Tensor& w_in, const Tensor& w_x, int64_t H) {
+  const int64_t B = qkv_shape[0], S = qkv_shape[1], D = qkv_shape[2] / 3 / H;
   AttentionInputs in;
-  const Tensor q = materialize_aligned(qkv);  // the CUDA kernels read 16-byte vectors of q, k, v
-  in.qkv = q;
-  in.q = head_view(q, 0, H);
-  in.k = head_view(q, 1, H);
-  in.v = head_view(q, 2, H);
+  if (qkv.defined()) {
+    const Tensor q = materialize_aligned(qkv);  // the CUDA kernels read 16-byte vectors of q, k, v
+    in.qkv = q;
+    in.q = head_view(q, 0, H);
+    in.k = head_view(q, 1, H);
+    in.v = head_view(q, 2, H);
+  }
+  in.qkv_half = std::move(qkv_half);
   in.edit_mask = materialize(e);
   in.attn_mask = materialize(a);
   in.edit_region_bias = materialize(E);
@@ -358,20 +363,18 @@ bool core_reads_half_qkv(const Tensor& qkv, MatmulPrecision precision, int64_t q
 }
 
 // The core's forward on checked inputs: o [B,S,C] and the log-sum-exp
-// [B,H,S]. At "high" on CUDA the kernels read qkv's fp16 copy (in.qkv_half),
-// which the backward keeps in place of the float q, k, v (half their memory);
-// qkv_bias, given only then, is added to qkv in that conversion (the float
-// qkv, which nothing else reads, was left without it).
-std::vector<Tensor> core_forward(AttentionInputs& in, MatmulPrecision precision, const Tensor& qkv_bias = {}) {
+// [B,H,S]. At "high" on CUDA the kernels read qkv's fp16 copy (in.qkv_half:
+// given, or converted here), which the backward keeps in place of the float
+// q, k, v (half their memory).
+std::vector<Tensor> core_forward(AttentionInputs& in, MatmulPrecision precision) {
   const AttentionDims d = in.d;
-  const TensorOptions opts{in.qkv.dtype(), in.qkv.device()};
-  const bool half_qkv = core_reads_half_qkv(in.qkv, precision, d.B * d.H * d.S);
-  TG_CHECK(half_qkv || !qkv_bias.defined(), "fused attention (internal): a qkv bias for the fp16 copy, which ",
-           "this call does not make");
-  if (half_qkv) in.qkv_half = to_fp16({rows_view(in.qkv, 3 * d.H * d.D)}, {qkv_bias});
+  const TensorOptions opts{in.edit_region_bias.dtype(), in.edit_region_bias.device()};  // qkv's (checked)
+  if (in.qkv_half.matrices.empty() && core_reads_half_qkv(in.qkv, precision, d.B * d.H * d.S))
+    in.qkv_half = to_fp16({rows_view(in.qkv, 3 * d.H * d.D)});
+  const bool half_qkv = !in.qkv_half.matrices.empty();
   Tensor o = empty({d.B, d.S, d.H * d.D}, opts);
   const Tensor lse = empty({d.B, d.H, d.S}, opts);
-  TG_DISPATCH_DEVICE(in.qkv, FusedAttentionKernels, forward, in, o, lse, precision);
+  TG_DISPATCH_DEVICE(o, FusedAttentionKernels, forward, in, o, lse, precision);
   const auto unless_half = [&](const Tensor& t) { return half_qkv ? Tensor() : t; };
   const Tensor half_values = half_qkv ? in.qkv_half.matrices[0].values : Tensor();
   return {unless_half(in.q), unless_half(in.k), unless_half(in.v), o, lse, in.edit_mask, in.attn_mask,
@@ -501,7 +504,7 @@ Tensor fused_attention(const Tensor& qkv, const Tensor& edit_mask, const Tensor&
   check_defined(op, "qkv", qkv);
   check_core_args(op, "qkv", qkv.shape(), qkv, edit_mask, attn_mask, E, w_in, w_x, heads);
   check_dropout(op, dropout);
-  AttentionInputs in = core_inputs_of(qkv, edit_mask, attn_mask, E, w_in, w_x, heads);
+  AttentionInputs in = core_inputs_of(qkv.shape(), qkv, {}, edit_mask, attn_mask, E, w_in, w_x, heads);
   draw_dropout(dropout, in);
   const MatmulPrecision precision = resolve_precision(precision_in);
   std::vector<Tensor> saved = core_forward(in, precision);
@@ -538,13 +541,15 @@ Tensor fused_qkv_attention(const Tensor& x, const Tensor& qkv_weight, const Tens
   // At "high" on CUDA the projection's GEMMs run on fp16 tensor cores, like the core's (linear_fp16).
   const bool half = x.is_cuda() && x.dtype() == DType::Float32 && precision == MatmulPrecision::High;
   const Tensor x2 = rows_view(materialize(x), x.size(2)), w = half ? materialize(qkv_weight) : qkv_weight;
-  // Where the core reads only qkv's fp16 copy, the bias goes into that conversion, not a pass over the float qkv.
-  const bool bias_in_copy =
-      qkv_bias.defined() && half && core_reads_half_qkv(x, precision, qkv_shape[0] * heads * qkv_shape[1]);
-  const Tensor qkv = linear_forward(op, x2, w, bias_in_copy ? Tensor() : qkv_bias, precision, half).view(qkv_shape);
-  AttentionInputs in = core_inputs_of(qkv, edit_mask, attn_mask, E, w_in, w_x, heads);
+  // Where the core reads only qkv's fp16 copy, the projection's GEMM writes that copy: no float qkv at all.
+  const bool half_copy = half && core_reads_half_qkv(x, precision, qkv_shape[0] * heads * qkv_shape[1]);
+  const Tensor qkv = half_copy ? Tensor() : linear_forward(op, x2, w, qkv_bias, precision, half).view(qkv_shape);
+  Fp16Group qkv_half = half_copy ? linear_to_fp16(x2, w, qkv_bias.defined() ? materialize(qkv_bias) : Tensor())
+                                 : Fp16Group{};
+  AttentionInputs in =
+      core_inputs_of(qkv_shape, qkv, std::move(qkv_half), edit_mask, attn_mask, E, w_in, w_x, heads);
   draw_dropout(dropout, in);
-  std::vector<Tensor> saved = core_forward(in, precision, bias_in_copy ? materialize(qkv_bias) : Tensor());
+  std::vector<Tensor> saved = core_forward(in, precision);
   const Tensor o = saved[kO];
   const autograd::GradMask m = autograd::grad_mask({x, qkv_weight, qkv_bias});
   saved.push_back(autograd::keep_if(m[1], x2));  // dW = dqkv^T x

@@ -362,7 +362,11 @@ void FusedAttentionKernels<Device::CUDA>::forward(const AttentionInputs& in, con
                                                   MatmulPrecision precision) {
   using namespace cuda;
   if (in.d.B * in.d.H * in.d.S == 0) return;
-  for (const auto& [t, name] : {std::pair{&in.q, "q"}, {&in.k, "k"}, {&in.v, "v"}}) check_rows(name, *t);
+  const bool half_qkv = !in.qkv_half.matrices.empty();  // fp16 copies read (in training q, k, v may be undefined)
+  TG_CHECK(half_qkv == (precision == MatmulPrecision::High), "fused_attention: the fp16 copy of qkv is read at ",
+           "\"high\" and only there");
+  for (const auto& [t, name] : {std::pair{&in.q, "q"}, {&in.k, "k"}, {&in.v, "v"}})
+    if (!half_qkv || t->defined()) check_rows(name, *t);
   if (precision == MatmulPrecision::High) launch_forward<Fp16>(in, o, lse);
   else launch_forward<Tf32x3>(in, o, lse);
 }

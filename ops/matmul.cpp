@@ -163,6 +163,11 @@ bool GemmKernels<Device::CPU>::try_gemm_fp16_bias(const Fp16Group&, int, bool, i
 }
 
 template <>
+bool GemmKernels<Device::CPU>::product_to_fp16(const Fp16Group&, const Tensor&, const Fp16Group&) {
+  return false;  // linear_to_fp16's to_fp16 says it runs on CUDA only first
+}
+
+template <>
 int64_t GemmKernels<Device::CPU>::gemm_fp16_workspace(const Fp16Group&, int, bool, int, bool, const Tensor&) {
   TG_FAIL("gemm_fp16: fp16 GEMMs run on CUDA only");
 }
@@ -381,6 +386,22 @@ int split_gemm_stretches(int64_t rows, int64_t cols, int64_t depth, int64_t sms)
     if (us < best_us) best = s, best_us = us;
   }
   return static_cast<int>(best);
+}
+
+Fp16Group linear_to_fp16(const Tensor& x2, const Tensor& w, const Tensor& b) {
+  const char* op = "linear_to_fp16";
+  check_fp16_matrices(op, {x2, w});
+  TG_CHECK(x2.size(1) == w.size(1), op, ": x ", x2.shape(), " and W ", w.shape(), " differ in their inner size");
+  TG_CHECK(!b.defined() || (b.dtype() == DType::Float32 && b.is_contiguous() && b.shape() == Shape{w.size(0)} &&
+                            b.device() == x2.device()),
+           op, ": the bias must be a contiguous float32 [", w.size(0), "] on ", x2.device(), "; got ",
+           b.defined() ? dtype_name(b.dtype()) : "undefined", " ", b.defined() ? to_string(b.shape()) : "");
+  const Fp16Group xw = to_fp16({x2, w});
+  const TensorOptions opts{DType::Float32, x2.device()};
+  const int64_t n = x2.size(0), m = w.size(0);
+  Fp16Group y{{{empty({(n * m + 1) / 2}, opts), n, m}}, empty({kFp16Scalars}, opts), {}};
+  if (TG_DISPATCH_DEVICE(x2, GemmKernels, product_to_fp16, xw, b, y)) return y;
+  return to_fp16({gemm_fp16(xw, 0, false, 1, true)}, {b});
 }
 
 Tensor linear_forward(const char* op, const Tensor& x2, const Tensor& w, const Tensor& b, MatmulPrecision precision,

@@ -1,6 +1,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <array>
 #include <map>
 #include <mutex>
@@ -240,6 +241,124 @@ __global__ void rescale_fp16_kernel(const __grid_constant__ Fp16Batch batch) {
   if (kept != batch.first_scale[slot]) convert<kLow>(batch, t, kept);
 }
 
+// ---- y = x W^T + b straight into fp16 (GemmKernels::product_to_fp16): the
+// GEMM's epilogue scales and rounds, so no float y is written or read. Its
+// scale comes before y exists: from a sample of y's elements, computed as
+// dot products, unless a bound on |y| says that scale could overflow. Then
+// y's true max is found and the scale kept or y rescaled in place, with
+// to_fp16's window and scalars.
+
+// The output group's scratch (zeroed first): y's largest finite |y| 2^e as
+// bits (matrix 0's amax slot, of the scaled values here), the sample's
+// largest |y| as bits, the sample's blocks done, the first scale 2^e
+// (matrix 0's first-scale slot) and the GEMM's alpha.
+constexpr int kProductAmax = kFp16Scratch, kSampleAmax = kFp16Scratch + 1, kSampleBlocksDone = kFp16Scratch + 2,
+              kProductScale = kFp16Scratch + kMaxFp16Group, kProductAlpha = kProductScale + 1;
+constexpr int kProductSamples = 1024, kSampleWarps = 32;  // one sampled element per warp
+
+struct HalfProduct {
+  const __half *x, *w;   // [n, k] and [m, k]: matrices 0 and 1 of the group {x, W}
+  const float* bias;     // [m], or null
+  const float* xw;       // that group's scalars
+  float* y;              // the output group's scalars
+  __half* scaled_bias;   // [m]: the bias times the first scale, in fp16 (the epilogue's)
+  __half* values;        // y [n, m]
+  int64_t n, m, k;
+};
+
+// x_i . w_j in fp32 by one warp (k / 32 products per lane, 8 at a time where rows allow 16-byte loads).
+__device__ float half_row_dot(const HalfProduct& p, int64_t i, int64_t j, int lane) {
+  const __half *xi = p.x + i * p.k, *wj = p.w + j * p.k;
+  float dot = 0.f;
+  if (p.k % 8 == 0) {
+    for (int64_t c = 8 * lane; c < p.k; c += 256) {
+      const uint4 a = *reinterpret_cast<const uint4*>(xi + c), b = *reinterpret_cast<const uint4*>(wj + c);
+      const __half2 *ha = reinterpret_cast<const __half2*>(&a), *hb = reinterpret_cast<const __half2*>(&b);
+#pragma unroll
+      for (int t = 0; t < 4; ++t) {
+        const float2 fa = __half22float2(ha[t]), fb = __half22float2(hb[t]);
+        dot += fa.x * fb.x + fa.y * fb.y;
+      }
+    }
+  } else {
+    for (int64_t c = lane; c < p.k; c += 32) dot += __half2float(xi[c]) * __half2float(wj[c]);
+  }
+#pragma unroll
+  for (int lanes = 16; lanes >= 1; lanes /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, lanes);
+  return dot;
+}
+
+// The first scale: the sample's largest |y| put in [2^8, 2^9), as to_fp16's
+// sample does, unless the bound |y| <= k max|x| max|W| + max|b| allows
+// |y| 2^e past 2^15 at that scale (fp16's largest finite is ~2^16): then
+// the bound put in [2^13, 2^14).
+__device__ float first_product_scale(const HalfProduct& p, float sample, float bias_amax) {
+  const double bound = double(p.k) * double(__uint_as_float(reinterpret_cast<const unsigned*>(p.xw)[kFp16Scratch])) *
+                           double(__uint_as_float(reinterpret_cast<const unsigned*>(p.xw)[kFp16Scratch + 1])) +
+                       double(bias_amax);
+  const float first = scale_below(sample, 9);
+  if (bound * first < 0x1p15) return first;
+  return scale_below(float(fmin(bound, double(FLT_MAX))), 14);
+}
+
+// Step 1 (after the zeroing): kSampleWarps sampled elements of y per block,
+// their max into kSampleAmax; the last block done takes the first scale,
+// the GEMM's alpha and the scaled bias.
+__global__ void __launch_bounds__(32 * kSampleWarps) sample_product_kernel(const HalfProduct p) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t index = fp16_sample_index(blockIdx.x * kSampleWarps + warp, p.n * p.m), i = index / p.m,
+                j = index % p.m;
+  const float xw_alpha = p.xw[kMaxFp16Group * 0 + 1];  // 1 / (s_x s_W): the pair's alpha
+  const float y = half_row_dot(p, i, j, lane) * xw_alpha + (p.bias ? p.bias[j] : 0.f);
+  unsigned* bits = reinterpret_cast<unsigned*>(p.y);
+  block_max_into(lane == 0 ? finite_abs(y) : 0.f, bits + kSampleAmax);
+  __shared__ bool last;
+  if (threadIdx.x == 0) {
+    __threadfence();  // this block's max before its count
+    last = atomicAdd(bits + kSampleBlocksDone, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  float bias_amax = 0.f;
+  for (int64_t c = threadIdx.x; p.bias && c < p.m; c += blockDim.x) bias_amax = fmaxf(bias_amax, finite_abs(p.bias[c]));
+  bias_amax = block_max(bias_amax);
+  const float first = first_product_scale(p, __uint_as_float(atomicOr(bits + kSampleAmax, 0u)), bias_amax);
+  if (threadIdx.x == 0) p.y[kProductScale] = first, p.y[kProductAlpha] = xw_alpha * first;
+  for (int64_t c = threadIdx.x; p.bias && c < p.m; c += blockDim.x)
+    p.scaled_bias[c] = __float2half_rn(p.bias[c] * first);
+}
+
+// Step 3 (after the GEMM): y's largest finite |y| 2^e into kProductAmax.
+__global__ void product_amax_kernel(const HalfProduct p) {
+  const int64_t count = p.n * p.m, step = int64_t(gridDim.x) * blockDim.x;
+  float m = 0.f;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; 2 * i < count; i += step) {
+    const float2 v = 2 * i + 1 < count ? __half22float2(reinterpret_cast<const __half2*>(p.values)[i])
+                                       : float2{__half2float(p.values[2 * i]), 0.f};
+    m = fmaxf(m, fmaxf(finite_abs(v.x), finite_abs(v.y)));
+  }
+  block_max_into(m, reinterpret_cast<unsigned*>(p.y) + kProductAmax);
+}
+
+// Step 4: the scale kept (kept_scale of y's true max, as to_fp16's), y
+// rescaled in place where it differs from the first (a power of two: exact
+// but where values enter or leave fp16's subnormals), and block 0 writes the
+// group's scalars.
+__global__ void finish_product_kernel(const HalfProduct p) {
+  const float first = p.y[kProductScale];
+  const float amax = __uint_as_float(reinterpret_cast<const unsigned*>(p.y)[kProductAmax]) / first;
+  const float kept = kept_scale(__float_as_uint(amax), first);
+  if (blockIdx.x == 0)
+    write_fp16_group_scalars(p.y, 0, 1, threadIdx.x, [&](int) { return 1.f / kept; },
+                             [&](int) { return scale_below(amax, 14); });
+  if (kept == first) return;
+  const float factor = kept / first;
+  const int64_t count = p.n * p.m, step = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += step)
+    p.values[i] = __float2half_rn(__half2float(p.values[i]) * factor);
+}
+
 }  // namespace
 
 }  // namespace tg::cuda
@@ -409,22 +528,24 @@ uint32_t alignment_of(const void* p) {
   return a % 256 == 0 ? 256 : static_cast<uint32_t>(a & (~a + 1));
 }
 
-// One bias product as cuBLASLt takes it: the descriptor, the three layouts
-// (c's for C and D) and the alignments of A, B, c and the bias.
-struct LtBiasProduct {
+// One product as cuBLASLt takes it: the descriptor, the three layouts (c's
+// for C and D), the alignments of A, B, c and the bias, and the heuristic's
+// algorithm (none: cuBLASLt does not take it).
+struct LtProduct {
   LtMatmulDesc desc;
   LtLayout a, b, c;
   uint32_t align_a, align_b, align_c, align_bias;
+  std::optional<cublasLtMatmulAlgo_t> algo;
 };
 
 // The heuristic's choice for a product, asked once per key (transposes,
-// sizes, leading dimensions, alignments: all it depends on; the query costs
-// host time that small products feel); none where cuBLASLt has no
-// algorithm. The cache is cleared past kMaxLtAlgos keys (a run of many
-// distinct token counts).
-using LtKey = std::array<int64_t, 11>;
+// sizes, leading dimensions, alignments, c's type, the epilogue: all it
+// depends on; the query costs host time that small products feel); none
+// where cuBLASLt has no algorithm. The cache is cleared past kMaxLtAlgos
+// keys (a run of many distinct token counts).
+using LtKey = std::array<int64_t, 13>;
 constexpr size_t kMaxLtAlgos = 4096;
-std::optional<cublasLtMatmulAlgo_t> cached_lt_algo(const LtKey& key, const LtBiasProduct& p) {
+std::optional<cublasLtMatmulAlgo_t> cached_lt_algo(const LtKey& key, const LtProduct& p) {
   static std::mutex mutex;
   static std::map<LtKey, std::optional<cublasLtMatmulAlgo_t>> algos;
   const std::lock_guard<std::mutex> lock(mutex);
@@ -446,33 +567,50 @@ std::optional<cublasLtMatmulAlgo_t> cached_lt_algo(const LtKey& key, const LtBia
   return algos.emplace(key, found ? std::optional(result.algo) : std::nullopt).first->second;
 }
 
-// c [n, m] = alpha op(A) op(B) + bias (bias [m] added to every row) as one
-// cuBLASLt matmul with the bias in its epilogue, which is what PyTorch's
-// addmm does on CUDA: the separate bias pass (c read and written again) goes.
-// Column-major as gemm_fp16_slice: c^T = op(B)^T op(A)^T, the bias a column
-// vector along c^T's m rows. False where cuBLASLt has no algorithm for it
-// (nothing queued).
-bool gemm_fp16_bias_lt(HalfOperand A, bool ta, HalfOperand B, bool tb, int64_t n, int64_t m, int64_t k,
-                       const float* alpha, const float* zero, const float* bias, float* c) {
-  LtBiasProduct p{{}, {}, {}, {}, alignment_of(B.values), alignment_of(A.values), alignment_of(c), alignment_of(bias)};
+// c [n, m] = alpha op(A) op(B) (+ bias [m], added to every row, in the
+// epilogue: PyTorch's addmm on CUDA does so) as one cuBLASLt matmul, c of
+// c_type: float, or fp16 (then the bias is fp16 too: cuBLASLt's bias has
+// D's type). Column-major as gemm_fp16_slice: c^T = op(B)^T op(A)^T, the
+// bias a column vector along c^T's m rows. Host work only: run_lt_product
+// queues it.
+void describe_lt_product(LtProduct& p, HalfOperand A, bool ta, HalfOperand B, bool tb, int64_t n, int64_t m,
+                         int64_t k, const void* bias, const void* c, cudaDataType_t c_type) {
+  p.align_a = alignment_of(B.values), p.align_b = alignment_of(A.values), p.align_c = alignment_of(c);
+  p.align_bias = bias ? alignment_of(bias) : 0;
   TG_CUDA_CHECK(cublasLtMatmulDescCreate(&p.desc.value, CUBLAS_COMPUTE_32F, CUDA_R_32F), kBiasOp);
   set_desc(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, cublas_op(tb));
   set_desc(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, cublas_op(ta));
   set_desc(p.desc, CUBLASLT_MATMUL_DESC_POINTER_MODE, CUBLASLT_POINTER_MODE_DEVICE);  // alpha and beta on the device
-  set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS);
-  set_desc(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+  if (bias) {
+    set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS);
+    set_desc(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+  }
   make_layout(p.a, CUDA_R_16F, tb ? k : m, tb ? m : k, B.cols);  // cuBLAS's A is our B, its B our A
   make_layout(p.b, CUDA_R_16F, ta ? n : k, ta ? k : n, A.cols);
-  make_layout(p.c, CUDA_R_32F, m, n, m);
-  const LtKey key{ta, tb, n, m, k, A.cols, B.cols, p.align_a, p.align_b, p.align_c, p.align_bias};
-  const std::optional<cublasLtMatmulAlgo_t> algo = cached_lt_algo(key, p);
-  if (!algo) return false;
+  make_layout(p.c, c_type, m, n, m);
+  const LtKey key{ta, tb, n, m, k, A.cols, B.cols, p.align_a, p.align_b, p.align_c, p.align_bias, c_type,
+                  bias != nullptr};
+  p.algo = cached_lt_algo(key, p);
+}
+
+// Queues a described product (its algo found); false where cublasLtMatmul
+// refuses it (nothing queued).
+bool run_lt_product(const LtProduct& p, HalfOperand A, HalfOperand B, const float* alpha, const float* zero, void* c) {
   const cublasStatus_t status = cublasLtMatmul(cublas_lt(), p.desc.value, alpha, B.values, p.a.value, A.values,
-                                               p.b.value, zero, c, p.c.value, c, p.c.value, &*algo,
+                                               p.b.value, zero, c, p.c.value, c, p.c.value, &*p.algo,
                                                cublas_workspace(), kCublasWorkspace, stream());
-  if (status == CUBLAS_STATUS_NOT_SUPPORTED) return false;  // refused before anything was queued
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED) return false;
   TG_CUDA_CHECK(status, kBiasOp);
   return true;
+}
+
+// c [n, m] = alpha op(A) op(B) + bias as one cuBLASLt matmul (float c and
+// bias); false where cuBLASLt has no algorithm for it (nothing queued).
+bool gemm_fp16_bias_lt(HalfOperand A, bool ta, HalfOperand B, bool tb, int64_t n, int64_t m, int64_t k,
+                       const float* alpha, const float* zero, const float* bias, float* c) {
+  LtProduct p;
+  describe_lt_product(p, A, ta, B, tb, n, m, k, bias, c, CUDA_R_32F);
+  return p.algo && run_lt_product(p, A, B, alpha, zero, c);
 }
 
 // c[e] = (((c[e] + w[0][e]) + w[1][e]) + ...) + w[count - 1][e], w's slices
@@ -563,6 +701,34 @@ bool GemmKernels<Device::CUDA>::try_gemm_fp16_bias(const Fp16Group& group, int a
   return gemm_fp16_bias_lt(half_operand(A), transpose_a, half_operand(B), transpose_b, c.size(0), c.size(1), k,
                            product_alpha(group, a, b), group.scalars.data<float>() + kFp16Beta, bias.data<float>(),
                            c.data<float>());
+}
+
+template <>
+bool GemmKernels<Device::CUDA>::product_to_fp16(const Fp16Group& xw, const Tensor& bias, const Fp16Group& y) {
+  using namespace cuda;
+  const HalfOperand x = half_operand(xw.matrices[0]), w = half_operand(xw.matrices[1]);
+  const int64_t n = xw.matrices[0].rows, m = xw.matrices[1].rows, k = x.cols;
+  constexpr int64_t kLtLargest = int64_t(65535) * 32;  // try_gemm_fp16_bias's shape rule
+  if (!xw.lows.empty() || n == 0 || k <= 1 || m <= 1 || std::max({n, m, k}) >= kLtLargest) return false;
+  const Tensor scaled_bias = bias.defined() ? empty({(m + 1) / 2}, {DType::Float32, Device::CUDA}) : Tensor();
+  const HalfProduct p{x.values, w.values, bias.defined() ? bias.data<float>() : nullptr, xw.scalars.data<float>(),
+                      y.scalars.data<float>(),
+                      bias.defined() ? reinterpret_cast<__half*>(scaled_bias.data<float>()) : nullptr,
+                      reinterpret_cast<__half*>(y.matrices[0].values.data<float>()), n, m, k};
+  LtProduct product;
+  describe_lt_product(product, x, false, w, true, n, m, k, p.scaled_bias, p.values, CUDA_R_16F);
+  if (!product.algo) return false;
+  const char* op = "linear_to_fp16";
+  TG_CUDA_CHECK(cudaMemsetAsync(p.y, 0, kFp16Scalars * sizeof(float), stream()), op);
+  sample_product_kernel<<<kProductSamples / kSampleWarps, 32 * kSampleWarps, 0, stream()>>>(p);
+  check_launch(op);
+  if (!run_lt_product(product, x, w, p.y + kProductAlpha, p.y + kFp16Beta, p.values)) return false;
+  const int blocks = std::min(grid_for((n * m + 1) / 2), 8 * context().sm_count);
+  product_amax_kernel<<<blocks, kThreads, 0, stream()>>>(p);
+  check_launch(op);
+  finish_product_kernel<<<std::min(blocks, 2 * context().sm_count), kThreads, 0, stream()>>>(p);
+  check_launch(op);
+  return true;
 }
 
 template <>

@@ -186,6 +186,23 @@ int64_t gemm_fp16_workspace(const Fp16Group& group, int a, bool transpose_a, int
 Tensor gemm_fp16(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b,
                  const Tensor& bias = Tensor());
 
+// Untracked, CUDA: y2 = x2 W^T + b (x2 [rows, in], w [out, in] contiguous
+// float32, b [out] or undefined) as an fp16 group of one matrix, to_fp16's
+// format and scalars: x2 and W converted (to_fp16), then one cuBLASLt GEMM
+// whose epilogue adds the bias and rounds y 2^e to fp16, so that no float y
+// is written or read (a projection whose only reader is an fp16 kernel).
+// e is chosen before y exists: from a sample of kProductSamples elements of
+// y (dot products), put in [2^8, 2^9), or where a bound on |y| (in max|x|
+// max|W| + max|b|) allows overflow at that scale, from the bound; y's true
+// max then keeps e or rescales y in place (to_fp16's window [2^8, 2^14)).
+// Against to_fp16 of the float product: the bias is rounded to fp16 (at
+// 2^e) before it is added (cuBLASLt's bias has the output's type), ~2^-12
+// |b| more error; and a rescale moves values already rounded, so elements
+// under 2^-14 2^-e lose bits where to_fp16 would have kept them (below
+// 2^-22 max |y|). Where cuBLASLt does not take the product: the float
+// product, then to_fp16 with the bias.
+Fp16Group linear_to_fp16(const Tensor& x2, const Tensor& w, const Tensor& b);
+
 // linear's two halves, untracked, for ops that hold a projection too: y2 =
 // x2 W^T + b (x2 [rows, in], w [out, in], b [out] or undefined), with half
 // (CUDA float32) on fp16 tensor cores, else at `precision`; errors name `op`.
@@ -234,6 +251,10 @@ struct GemmKernels {
   // cuBLASLt algorithm for it (and always on the CPU)
   static bool try_gemm_fp16_bias(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b,
                                  const Tensor& bias, const Tensor& c);
+  // CUDA: y's one fp16 matrix and scalars = x W^T + bias from xw = {x, W} by one cuBLASLt GEMM writing fp16
+  // (linear_to_fp16); false where it does not take the product: xw with low parts, no rows, the shapes of
+  // try_gemm_fp16_bias's rule, no cuBLASLt algorithm (and always on the CPU)
+  static bool product_to_fp16(const Fp16Group& xw, const Tensor& bias, const Fp16Group& y);
 };
 
 }  // namespace tg

@@ -224,6 +224,110 @@ TEST_CASE("cuda/gemm_fp16: a bias added to every row, in the epilogue or after i
                     doctest::Contains("gemm_fp16: the bias must be float32 [5] on cuda for c [4,5]; got float32 [6]"));
 }
 
+namespace {
+
+// The elements of an fp16 copy (two per float32 of its storage), as doubles.
+std::vector<double> fp16_elements(const tg::Fp16Matrix& m) {
+  const tg::Tensor host = m.values.cpu();
+  const auto* bits = reinterpret_cast<const uint16_t*>(host.data<float>());
+  std::vector<double> out(static_cast<size_t>(m.rows * m.cols));
+  for (size_t i = 0; i < out.size(); ++i) {
+    const int sign = bits[i] >> 15 ? -1 : 1, exponent = (bits[i] >> 10) & 31, mantissa = bits[i] & 1023;
+    if (exponent == 31) out[i] = mantissa ? std::nan("") : sign * INFINITY;
+    else out[i] = sign * std::ldexp(exponent ? 1024 + mantissa : mantissa, (exponent ? exponent : 1) - 25);
+  }
+  return out;
+}
+
+// The first row of x [n, ...] that no sampled element of y [n, m] falls in
+// (linear_to_fp16's sample: fp16_sample_index over y).
+int64_t unsampled_row(int64_t n, int64_t m) {
+  std::vector<bool> sampled(static_cast<size_t>(n));
+  for (int64_t k = 0; k < 1024; ++k) sampled[size_t(tg::fp16_sample_index(k, n * m) / m)] = true;
+  return std::find(sampled.begin(), sampled.end(), false) - sampled.begin();
+}
+
+}  // namespace
+
+// linear_to_fp16: the GEMM writes y = x W^T + b as fp16 at 2^e: every
+// element (the allocator's NaN poison under it) within fp16's roundings of
+// the float64 product (of x, W, the bias and y); y's max at the kept scale
+// in to_fp16's window [2^8, 2^14), the bound scale and alphas as to_fp16
+// writes them. The three ways to the kept scale: the sample's scale kept;
+// the bound's (an outlier of x in a row the sample misses), y rescaled up;
+// the sample's with y's max past the window (an outlier the bound allows),
+// y rescaled down. The shapes the epilogue does not take (m or k of 1) go
+// through the float product and to_fp16; zeros; a bias of the wrong size.
+TEST_CASE("cuda/linear_to_fp16: the GEMM writes y's fp16 copy at to_fp16's scales" * doctest::skip(kNoGpu)) {
+  tg::manual_seed(53);
+  struct Case {
+    const char* name;
+    tg::Tensor x, w, b;
+    int rescaled;  // log2(kept / first)'s sign; 2: not checked (to_fp16's own path)
+  };
+  std::vector<Case> cases = {
+      {"random, a bias", tg::randn({300, 96}), tg::mul(tg::randn({200, 96}), 0.1), tg::randn({200}), 0},
+      {"k % 8 != 0, odd m, no bias", tg::randn({257, 37}), tg::randn({33, 37}), tg::Tensor(), 0},
+      {"m of 1", tg::randn({50, 16}), tg::randn({1, 16}), tg::randn({1}), 2},
+      {"k of 1", tg::randn({50, 1}), tg::randn({24, 1}), tg::randn({24}), 2},
+      {"x of zeros, a bias", tg::zeros({10, 8}), tg::randn({16, 8}), tg::randn({16}), 0},
+      {"zeros", tg::zeros({10, 8}), tg::zeros({16, 8}), tg::Tensor(), 0}};
+  {
+    std::vector<double> x = tg::mul(tg::randn({300, 1024}), 0.01).to_vector();
+    x[size_t(unsampled_row(300, 64) * 1024 + 5)] = 1e4;
+    cases.push_back({"an outlier outside the sample", tg::from_vector(x, {300, 1024}),
+                     tg::mul(tg::randn({64, 1024}), 0.05), tg::Tensor(), 1});
+  }
+  {
+    std::vector<double> x(4096 * 2, 0.975);
+    const int64_t r = unsampled_row(4096, 64);
+    x[size_t(2 * r)] = x[size_t(2 * r + 1)] = 50;  // y = 1.95, and 100 in row r: the bound, 100
+    cases.push_back({"an outlier the bound allows", tg::from_vector(x, {4096, 2}), tg::ones({64, 2}), tg::Tensor(), -1});
+  }
+  for (const Case& c : cases) {
+    CAPTURE(c.name);
+    const tg::Fp16Group y = tg::linear_to_fp16(c.x.cuda(), c.w.cuda(), c.b.defined() ? c.b.cuda() : c.b);
+    REQUIRE(y.matrices.size() == 1);
+    const int64_t n = c.x.size(0), m = c.w.size(0), k = c.x.size(1);
+    REQUIRE((y.matrices[0].rows == n && y.matrices[0].cols == m));
+    const std::vector<double> v = fp16_elements(y.matrices[0]), sc = y.scalars.cpu().to_vector();
+    const std::vector<double> x = c.x.to_vector(), w = c.w.to_vector();
+    const std::vector<double> b = c.b.defined() ? c.b.to_vector() : std::vector<double>(size_t(m), 0.0);
+    const double s = 1 / std::sqrt(sc[0]);  // alpha(0, 0) = 1 / s^2
+    int64_t off = 0;
+    double stored_max = 0;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < m; ++j) {
+        double exact = b[size_t(j)], size = std::abs(b[size_t(j)]);
+        for (int64_t t = 0; t < k; ++t) {
+          exact += x[size_t(i * k + t)] * w[size_t(j * k + t)];
+          size += std::abs(x[size_t(i * k + t)] * w[size_t(j * k + t)]);
+        }
+        const double got = v[size_t(i * m + j)];
+        off += !(std::abs(got / s - exact) <= 0x1p-9 * size + 0x1p-24 / s);
+        stored_max = std::max(stored_max, std::abs(got));
+      }
+    CHECK(off == 0);
+    CHECK(std::log2(s) == std::round(std::log2(s)));
+    CHECK(sc[tg::kFp16Beta] == 0.0);
+    CHECK(sc[tg::kFp16One] == 1.0);
+    if (stored_max == 0) {
+      CHECK(s == 1.0);
+      continue;
+    }
+    CHECK(stored_max >= 0x1p8);
+    CHECK(stored_max < 0x1p14);
+    const double bound_scale = sc[tg::kFp16BoundScales];
+    CHECK(stored_max / s * bound_scale >= 0x1p13);
+    CHECK(stored_max / s * bound_scale < 0x1p14);
+    const double first = sc[tg::kFp16Scratch + tg::kMaxFp16Group];  // the first scale's slot
+    if (c.rescaled != 2) CHECK((s > first) - (s < first) == c.rescaled);
+  }
+  const tg::TensorOptions cuda32{tg::DType::Float32, tg::Device::CUDA};
+  CHECK_THROWS_WITH(tg::linear_to_fp16(tg::randn({4, 6}).cuda(), tg::randn({5, 6}).cuda(), tg::ones({6}, cuda32)),
+                    doctest::Contains("linear_to_fp16: the bias must be a contiguous float32 [5] on cuda; got float32 [6]"));
+}
+
 #ifdef TG_CUDA
 namespace tgtest {
 // c = a b^T, 64 x 64 x k; layouts: 0 no swizzle, 1 A with the 128-byte swizzle, 2 B, 3 both,
@@ -1074,8 +1178,8 @@ TEST_CASE("cuda/check_binary_mask: a mask found binary is counted again once wri
   const auto check = [](const tg::Tensor& t) { return error_of([&] { tg::check_binary_mask("op", "m", t); }); };
   tg::Tensor m = tg::from_vector({0, 1, 1, 0, 1, 1}, {3, 2}).cuda();
   CHECK(check(m).empty());
-  const float two = 2;
-  REQUIRE(cudaMemcpy(static_cast<float*>(m.raw_data()) + 3, &two, sizeof two, cudaMemcpyHostToDevice) == cudaSuccess);
+  const tg::TensorOptions cuda32{tg::DType::Float32, tg::Device::CUDA};
+  tg::from_blob(m.raw_data(), {6}, cuda32).narrow(0, 3, 1).fill_(2.0);  // through other storage: m's is unwritten
   CHECK(check(m).empty());  // unseen: the storage's version is the one found binary
   CHECK(check(m.transpose(0, 1)) == "op: m [2,3] must hold only 0 and 1; element 4 is 2");  // other strides
   CHECK(check(m.narrow(0, 0, 1)).empty());                                                   // other shape
@@ -1089,10 +1193,10 @@ TEST_CASE("cuda/check_binary_mask: a mask found binary is counted again once wri
   CHECK(check(m).empty());
   m.fill_(0.5);
   CHECK(check(m) == "op: m [3,2] must hold only 0 and 1; element 0 is 0.5");
-  const tg::Tensor owner = tg::ones({3}).cuda();
-  const tg::Tensor view = tg::from_blob(owner.raw_data(), {3}, {tg::DType::Float32, tg::Device::CUDA});
+  tg::Tensor owner = tg::ones({3}).cuda();
+  const tg::Tensor view = tg::from_blob(owner.raw_data(), {3}, cuda32);
   CHECK(check(view).empty());
-  REQUIRE(cudaMemcpy(owner.raw_data(), &two, sizeof two, cudaMemcpyHostToDevice) == cudaSuccess);
+  owner.fill_(2.0);  // the view's storage is not written
   CHECK(check(view) == "op: m [3] must hold only 0 and 1; element 0 is 2");  // borrowed: counted every time
   const tg::Tensor good = tg::ones({2}).cuda(), bad = tg::from_vector({1, -1}, {2}).cuda();
   CHECK(check(good).empty());
