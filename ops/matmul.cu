@@ -250,11 +250,13 @@ __global__ void rescale_fp16_kernel(const __grid_constant__ Fp16Batch batch) {
 
 // The output group's scratch (zeroed first): y's largest finite |y| 2^e as
 // bits (matrix 0's amax slot, of the scaled values here), the sample's
-// largest |y| as bits, the sample's blocks done, the first scale 2^e
-// (matrix 0's first-scale slot) and the GEMM's alpha.
-constexpr int kProductAmax = kFp16Scratch, kSampleAmax = kFp16Scratch + 1, kSampleBlocksDone = kFp16Scratch + 2,
-              kProductScale = kFp16Scratch + kMaxFp16Group, kProductAlpha = kProductScale + 1;
-constexpr int kProductSamples = 1024, kSampleWarps = 32;  // one sampled element per warp
+// largest |y|, the largest squared row norms of x's and W's fp16 copies, the
+// first scale 2^e (matrix 0's first-scale slot), the GEMM's alpha and the
+// blocks done with step 1.
+constexpr int kProductAmax = kFp16Scratch, kSampleAmax = kFp16Scratch + 1, kRowNormX = kFp16Scratch + 2,
+              kRowNormW = kFp16Scratch + 3, kProductScale = kFp16Scratch + kMaxFp16Group,
+              kProductAlpha = kProductScale + 1, kStepOneBlocksDone = kProductScale + 2;
+constexpr int kProductSamples = 1024;  // sampled elements of y, one per warp
 
 struct HalfProduct {
   const __half *x, *w;   // [n, k] and [m, k]: matrices 0 and 1 of the group {x, W}
@@ -266,56 +268,79 @@ struct HalfProduct {
   int64_t n, m, k;
 };
 
-// x_i . w_j in fp32 by one warp (k / 32 products per lane, 8 at a time where rows allow 16-byte loads).
-__device__ float half_row_dot(const HalfProduct& p, int64_t i, int64_t j, int lane) {
-  const __half *xi = p.x + i * p.k, *wj = p.w + j * p.k;
-  float dot = 0.f;
-  if (p.k % 8 == 0) {
-    for (int64_t c = 8 * lane; c < p.k; c += 256) {
-      const uint4 a = *reinterpret_cast<const uint4*>(xi + c), b = *reinterpret_cast<const uint4*>(wj + c);
-      const __half2 *ha = reinterpret_cast<const __half2*>(&a), *hb = reinterpret_cast<const __half2*>(&b);
+// sum_c product(a[c], b[c]) over one pair of rows of length k, by a warp (8
+// elements per lane and step where rows allow 16-byte loads); every lane
+// gets the sum.
+template <class Product>
+__device__ float warp_row_sum(const __half* a, const __half* b, int64_t k, int lane, const Product& product) {
+  float sum = 0.f;
+  if (k % 8 == 0) {
+    for (int64_t c = 8 * lane; c < k; c += 256) {
+      const uint4 va = *reinterpret_cast<const uint4*>(a + c), vb = *reinterpret_cast<const uint4*>(b + c);
+      const __half2 *ha = reinterpret_cast<const __half2*>(&va), *hb = reinterpret_cast<const __half2*>(&vb);
 #pragma unroll
       for (int t = 0; t < 4; ++t) {
         const float2 fa = __half22float2(ha[t]), fb = __half22float2(hb[t]);
-        dot += fa.x * fb.x + fa.y * fb.y;
+        sum += product(fa.x, fb.x) + product(fa.y, fb.y);
       }
     }
   } else {
-    for (int64_t c = lane; c < p.k; c += 32) dot += __half2float(xi[c]) * __half2float(wj[c]);
+    for (int64_t c = lane; c < k; c += 32) sum += product(__half2float(a[c]), __half2float(b[c]));
   }
 #pragma unroll
-  for (int lanes = 16; lanes >= 1; lanes /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, lanes);
-  return dot;
+  for (int lanes = 16; lanes >= 1; lanes /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, lanes);
+  return sum;
 }
 
 // The first scale: the sample's largest |y| put in [2^8, 2^9), as to_fp16's
-// sample does, unless the bound |y| <= k max|x| max|W| + max|b| allows
-// |y| 2^e past 2^15 at that scale (fp16's largest finite is ~2^16): then
-// the bound put in [2^13, 2^14).
-__device__ float first_product_scale(const HalfProduct& p, float sample, float bias_amax) {
-  const double bound = double(p.k) * double(__uint_as_float(reinterpret_cast<const unsigned*>(p.xw)[kFp16Scratch])) *
-                           double(__uint_as_float(reinterpret_cast<const unsigned*>(p.xw)[kFp16Scratch + 1])) +
-                       double(bias_amax);
+// sample does. Unless the sample is all of y, a bound caps it: by
+// Cauchy-Schwarz |y_ij| <= |x_i| |w_j| + |b_j| (the fp16 copies' row norms,
+// times 1 + 2^-8 for their fp32 sums and the GEMM's), and where that bound
+// allows |y| 2^e past 2^15 at the sample's scale (fp16's largest finite is
+// ~2^16), the bound is put in [2^13, 2^14) instead.
+__device__ float first_product_scale(const HalfProduct& p, float sample, float2 norms, float bias_amax) {
   const float first = scale_below(sample, 9);
+  if (p.n * p.m <= kProductSamples) return first;
+  // norms: the largest squared row norms of the scaled copies; xw[1] = alpha(0, 1) = 1 / (s_x s_W)
+  const double bound = sqrt(double(norms.x) * double(norms.y)) * (1 + 0x1p-8) * double(p.xw[1]) + double(bias_amax);
   if (bound * first < 0x1p15) return first;
   return scale_below(float(fmin(bound, double(FLT_MAX))), 14);
 }
 
-// Step 1 (after the zeroing): kSampleWarps sampled elements of y per block,
-// their max into kSampleAmax; the last block done takes the first scale,
-// the GEMM's alpha and the scaled bias.
-__global__ void __launch_bounds__(32 * kSampleWarps) sample_product_kernel(const HalfProduct p) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t index = fp16_sample_index(blockIdx.x * kSampleWarps + warp, p.n * p.m), i = index / p.m,
-                j = index % p.m;
-  const float xw_alpha = p.xw[kMaxFp16Group * 0 + 1];  // 1 / (s_x s_W): the pair's alpha
-  const float y = half_row_dot(p, i, j, lane) * xw_alpha + (p.bias ? p.bias[j] : 0.f);
+// Step 1 (after the zeroing): every warp takes the squared norms of rows of
+// x and W (finite elements) and elements of the sample (fp16_sample_index
+// over y: y_ij = x_i . w_j times the pair's alpha, plus b_j), the maxima
+// into the scratch; the last block done takes the first scale, the GEMM's
+// alpha and the scaled bias.
+__global__ void sample_product_kernel(const HalfProduct p) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = int64_t(gridDim.x) * blockDim.x / 32;
+  const int64_t warp = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
+  const float xw_alpha = p.xw[1];  // alpha(0, 1) = 1 / (s_x s_W)
+  const auto square = [](float a, float) { return isfinite(a) ? a * a : 0.f; };
+  const auto times = [](float a, float b) { return a * b; };
+  float norm_x = 0.f, norm_w = 0.f, sample = 0.f;
+  for (int64_t r = warp; r < p.n + p.m; r += warps) {
+    const __half* row = r < p.n ? p.x + r * p.k : p.w + (r - p.n) * p.k;
+    const float norm = warp_row_sum(row, row, p.k, lane, square);
+    if (r < p.n) norm_x = fmaxf(norm_x, norm);
+    else norm_w = fmaxf(norm_w, norm);
+  }
+  for (int64_t t = warp; t < kProductSamples && t < p.n * p.m; t += warps) {
+    const int64_t index = fp16_sample_index(t, p.n * p.m), i = index / p.m, j = index % p.m;
+    const float dot = warp_row_sum(p.x + i * p.k, p.w + j * p.k, p.k, lane, times);
+    const float y = dot * xw_alpha + (p.bias ? p.bias[j] : 0.f);
+    sample = fmaxf(sample, finite_abs(y));
+  }
   unsigned* bits = reinterpret_cast<unsigned*>(p.y);
-  block_max_into(lane == 0 ? finite_abs(y) : 0.f, bits + kSampleAmax);
+  const float3 m = block_max3(float3{norm_x, norm_w, sample});
   __shared__ bool last;
   if (threadIdx.x == 0) {
-    __threadfence();  // this block's max before its count
-    last = atomicAdd(bits + kSampleBlocksDone, 1u) == gridDim.x - 1;
+    atomicMax(bits + kRowNormX, __float_as_uint(m.x));
+    atomicMax(bits + kRowNormW, __float_as_uint(m.y));
+    atomicMax(bits + kSampleAmax, __float_as_uint(m.z));
+    __threadfence();  // this block's maxima before its count
+    last = atomicAdd(bits + kStepOneBlocksDone, 1u) == gridDim.x - 1;
   }
   __syncthreads();
   if (!last) return;
@@ -323,7 +348,8 @@ __global__ void __launch_bounds__(32 * kSampleWarps) sample_product_kernel(const
   float bias_amax = 0.f;
   for (int64_t c = threadIdx.x; p.bias && c < p.m; c += blockDim.x) bias_amax = fmaxf(bias_amax, finite_abs(p.bias[c]));
   bias_amax = block_max(bias_amax);
-  const float first = first_product_scale(p, __uint_as_float(atomicOr(bits + kSampleAmax, 0u)), bias_amax);
+  const auto read = [&](int slot) { return __uint_as_float(atomicOr(bits + slot, 0u)); };  // the atomics' results
+  const float first = first_product_scale(p, read(kSampleAmax), float2{read(kRowNormX), read(kRowNormW)}, bias_amax);
   if (threadIdx.x == 0) p.y[kProductScale] = first, p.y[kProductAlpha] = xw_alpha * first;
   for (int64_t c = threadIdx.x; p.bias && c < p.m; c += blockDim.x)
     p.scaled_bias[c] = __float2half_rn(p.bias[c] * first);
@@ -584,6 +610,7 @@ void describe_lt_product(LtProduct& p, HalfOperand A, bool ta, HalfOperand B, bo
   if (bias) {
     set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS);
     set_desc(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+    set_desc(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, int32_t(c_type));
   }
   make_layout(p.a, CUDA_R_16F, tb ? k : m, tb ? m : k, B.cols);  // cuBLAS's A is our B, its B our A
   make_layout(p.b, CUDA_R_16F, ta ? n : k, ta ? k : n, A.cols);
@@ -720,7 +747,7 @@ bool GemmKernels<Device::CUDA>::product_to_fp16(const Fp16Group& xw, const Tenso
   if (!product.algo) return false;
   const char* op = "linear_to_fp16";
   TG_CUDA_CHECK(cudaMemsetAsync(p.y, 0, kFp16Scalars * sizeof(float), stream()), op);
-  sample_product_kernel<<<kProductSamples / kSampleWarps, 32 * kSampleWarps, 0, stream()>>>(p);
+  sample_product_kernel<<<std::min(grid_for(32 * (n + m)), 4 * context().sm_count), kThreads, 0, stream()>>>(p);
   check_launch(op);
   if (!run_lt_product(product, x, w, p.y + kProductAlpha, p.y + kFp16Beta, p.values)) return false;
   const int blocks = std::min(grid_for((n * m + 1) / 2), 8 * context().sm_count);

@@ -191,16 +191,19 @@ Tensor gemm_fp16(const Fp16Group& group, int a, bool transpose_a, int b, bool tr
 // format and scalars: x2 and W converted (to_fp16), then one cuBLASLt GEMM
 // whose epilogue adds the bias and rounds y 2^e to fp16, so that no float y
 // is written or read (a projection whose only reader is an fp16 kernel).
-// e is chosen before y exists: from a sample of kProductSamples elements of
-// y (dot products), put in [2^8, 2^9), or where a bound on |y| (in max|x|
-// max|W| + max|b|) allows overflow at that scale, from the bound; y's true
-// max then keeps e or rescales y in place (to_fp16's window [2^8, 2^14)).
-// Against to_fp16 of the float product: the bias is rounded to fp16 (at
-// 2^e) before it is added (cuBLASLt's bias has the output's type), ~2^-12
-// |b| more error; and a rescale moves values already rounded, so elements
-// under 2^-14 2^-e lose bits where to_fp16 would have kept them (below
-// 2^-22 max |y|). Where cuBLASLt does not take the product: the float
-// product, then to_fp16 with the bias.
+// e is chosen before y exists: from a sample of 1024 elements of y (dot
+// products), their max put in [2^8, 2^9) as to_fp16's sample is, unless the
+// Cauchy-Schwarz bound max|x_i| max|w_j| + max|b| (row norms) allows
+// |y| 2^e past 2^15 there: then from the bound. y's true max then keeps e
+// or rescales y in place (to_fp16's window [2^8, 2^14)). Against to_fp16 of
+// the float product: the bias is rounded to fp16 (at 2^e) before it is
+// added (cuBLASLt's bias has the output's type), ~2^-12 |b| more error; a
+// rescale down moves values already rounded (those under 2^-22 max |y| lose
+// bits); and where the bound sets e (the sample's max more than 64x under
+// it: rows of large norm whose products cancel, or a sample that misses
+// y's largest rows) elements under 2^-38 of the bound are flushed to 0
+// before the rescale up. Where cuBLASLt does not take the product: the
+// float product, then to_fp16 with the bias.
 Fp16Group linear_to_fp16(const Tensor& x2, const Tensor& w, const Tensor& b);
 
 // linear's two halves, untracked, for ops that hold a projection too: y2 =

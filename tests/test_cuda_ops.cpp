@@ -244,7 +244,9 @@ std::vector<double> fp16_elements(const tg::Fp16Matrix& m) {
 int64_t unsampled_row(int64_t n, int64_t m) {
   std::vector<bool> sampled(static_cast<size_t>(n));
   for (int64_t k = 0; k < 1024; ++k) sampled[size_t(tg::fp16_sample_index(k, n * m) / m)] = true;
-  return std::find(sampled.begin(), sampled.end(), false) - sampled.begin();
+  const int64_t row = std::find(sampled.begin(), sampled.end(), false) - sampled.begin();
+  REQUIRE(row < n);
+  return row;
 }
 
 }  // namespace
@@ -254,35 +256,42 @@ int64_t unsampled_row(int64_t n, int64_t m) {
 // the float64 product (of x, W, the bias and y); y's max at the kept scale
 // in to_fp16's window [2^8, 2^14), the bound scale and alphas as to_fp16
 // writes them. The three ways to the kept scale: the sample's scale kept;
-// the bound's (an outlier of x in a row the sample misses), y rescaled up;
-// the sample's with y's max past the window (an outlier the bound allows),
-// y rescaled down. The shapes the epilogue does not take (m or k of 1) go
-// through the float product and to_fp16; zeros; a bias of the wrong size.
+// the bound's (an outlier of x in a row the sample misses, along a column
+// W barely uses), y rescaled up; the sample's with y's max past the window
+// (an outlier the bound allows), y rescaled down. y of at most 1024
+// elements: the sample is all of it. The shapes the epilogue does not take
+// (m or k of 1) go through the float product and to_fp16 (the GEMM's alpha
+// slot is never written there: the allocator's NaN); zeros; a bias of the
+// wrong size.
 TEST_CASE("cuda/linear_to_fp16: the GEMM writes y's fp16 copy at to_fp16's scales" * doctest::skip(kNoGpu)) {
   tg::manual_seed(53);
   struct Case {
     const char* name;
     tg::Tensor x, w, b;
-    int rescaled;  // log2(kept / first)'s sign; 2: not checked (to_fp16's own path)
+    int epilogue;  // 1: the fp16 GEMM runs, 0: the float product and to_fp16, -1: cuBLASLt's choice (odd rows)
+    int rescaled;  // log2(kept / first)'s sign, where the fp16 GEMM ran
   };
   std::vector<Case> cases = {
-      {"random, a bias", tg::randn({300, 96}), tg::mul(tg::randn({200, 96}), 0.1), tg::randn({200}), 0},
-      {"k % 8 != 0, odd m, no bias", tg::randn({257, 37}), tg::randn({33, 37}), tg::Tensor(), 0},
-      {"m of 1", tg::randn({50, 16}), tg::randn({1, 16}), tg::randn({1}), 2},
-      {"k of 1", tg::randn({50, 1}), tg::randn({24, 1}), tg::randn({24}), 2},
-      {"x of zeros, a bias", tg::zeros({10, 8}), tg::randn({16, 8}), tg::randn({16}), 0},
-      {"zeros", tg::zeros({10, 8}), tg::zeros({16, 8}), tg::Tensor(), 0}};
+      {"random, a bias", tg::randn({300, 96}), tg::mul(tg::randn({200, 96}), 0.1), tg::randn({200}), 1, 0},
+      {"k % 8 != 0, no bias", tg::randn({257, 37}), tg::randn({34, 37}), tg::Tensor(), -1, 0},
+      {"m of 1", tg::randn({50, 16}), tg::randn({1, 16}), tg::randn({1}), 0, 0},
+      {"k of 1", tg::randn({50, 1}), tg::randn({24, 1}), tg::randn({24}), 0, 0},
+      {"x of zeros, a bias", tg::zeros({10, 8}), tg::randn({16, 8}), tg::randn({16}), 1, 0},
+      {"zeros", tg::zeros({10, 8}), tg::zeros({16, 8}), tg::Tensor(), 1, 0}};
   {
-    std::vector<double> x = tg::mul(tg::randn({300, 1024}), 0.01).to_vector();
-    x[size_t(unsampled_row(300, 64) * 1024 + 5)] = 1e4;
-    cases.push_back({"an outlier outside the sample", tg::from_vector(x, {300, 1024}),
-                     tg::mul(tg::randn({64, 1024}), 0.05), tg::Tensor(), 1});
+    std::vector<double> x = tg::mul(tg::randn({4096, 256}), 0.01).to_vector();
+    x[size_t(unsampled_row(4096, 64) * 256 + 5)] = 1e4;
+    std::vector<double> w = tg::mul(tg::randn({64, 256}), 0.05).to_vector();
+    for (int64_t j = 0; j < 64; ++j) w[size_t(j * 256 + 5)] *= 1e-3;  // the outlier's row: |y| ~ 2, the bound ~ 1e4
+    cases.push_back({"an outlier outside the sample", tg::from_vector(x, {4096, 256}), tg::from_vector(w, {64, 256}),
+                     tg::Tensor(), 1, 1});
   }
   {
     std::vector<double> x(4096 * 2, 0.975);
     const int64_t r = unsampled_row(4096, 64);
     x[size_t(2 * r)] = x[size_t(2 * r + 1)] = 50;  // y = 1.95, and 100 in row r: the bound, 100
-    cases.push_back({"an outlier the bound allows", tg::from_vector(x, {4096, 2}), tg::ones({64, 2}), tg::Tensor(), -1});
+    cases.push_back(
+        {"an outlier the bound allows", tg::from_vector(x, {4096, 2}), tg::ones({64, 2}), tg::Tensor(), 1, -1});
   }
   for (const Case& c : cases) {
     CAPTURE(c.name);
@@ -311,6 +320,10 @@ TEST_CASE("cuda/linear_to_fp16: the GEMM writes y's fp16 copy at to_fp16's scale
     CHECK(std::log2(s) == std::round(std::log2(s)));
     CHECK(sc[tg::kFp16Beta] == 0.0);
     CHECK(sc[tg::kFp16One] == 1.0);
+    const double first = sc[tg::kFp16Scratch + tg::kMaxFp16Group], alpha = sc[tg::kFp16Scratch + tg::kMaxFp16Group + 1];
+    const bool epilogue = !std::isnan(alpha);
+    if (c.epilogue >= 0) CHECK(epilogue == bool(c.epilogue));
+    if (epilogue) CHECK((s > first) - (s < first) == c.rescaled);
     if (stored_max == 0) {
       CHECK(s == 1.0);
       continue;
@@ -320,8 +333,6 @@ TEST_CASE("cuda/linear_to_fp16: the GEMM writes y's fp16 copy at to_fp16's scale
     const double bound_scale = sc[tg::kFp16BoundScales];
     CHECK(stored_max / s * bound_scale >= 0x1p13);
     CHECK(stored_max / s * bound_scale < 0x1p14);
-    const double first = sc[tg::kFp16Scratch + tg::kMaxFp16Group];  // the first scale's slot
-    if (c.rescaled != 2) CHECK((s > first) - (s < first) == c.rescaled);
   }
   const tg::TensorOptions cuda32{tg::DType::Float32, tg::Device::CUDA};
   CHECK_THROWS_WITH(tg::linear_to_fp16(tg::randn({4, 6}).cuda(), tg::randn({5, 6}).cuda(), tg::ones({6}, cuda32)),
