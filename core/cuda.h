@@ -130,6 +130,12 @@ bool warpgroup_attention_enabled();
 void enable_warpgroup_gemm(bool on);
 bool warpgroup_gemm_enabled();
 
+// The same for linear_to_fp16's fp16 GEMM (the training path's qkv
+// projection at "high" writing the core's fp16 copy): on by default; off,
+// the float product and its conversion (to_fp16), the path it replaced.
+void enable_fp16_product_output(bool on);
+bool fp16_product_output_enabled();
+
 }  // namespace tg::cuda
 
 namespace tg {

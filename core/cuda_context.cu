@@ -225,12 +225,14 @@ void set_sync_debug(bool on) { sync_debug_flag = on; }
 bool sync_debug() { return sync_debug_flag; }
 
 namespace {
-std::atomic<bool> warpgroup_attention{true}, warpgroup_gemm{true};
+std::atomic<bool> warpgroup_attention{true}, warpgroup_gemm{true}, fp16_product_output{true};
 }  // namespace
 void enable_warpgroup_attention(bool on) { warpgroup_attention = on; }
 bool warpgroup_attention_enabled() { return warpgroup_attention; }
 void enable_warpgroup_gemm(bool on) { warpgroup_gemm = on; }
 bool warpgroup_gemm_enabled() { return warpgroup_gemm; }
+void enable_fp16_product_output(bool on) { fp16_product_output = on; }
+bool fp16_product_output_enabled() { return fp16_product_output; }
 
 Context& context() {
   static Context ctx;

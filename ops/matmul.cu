@@ -736,7 +736,9 @@ bool GemmKernels<Device::CUDA>::product_to_fp16(const Fp16Group& xw, const Tenso
   const HalfOperand x = half_operand(xw.matrices[0]), w = half_operand(xw.matrices[1]);
   const int64_t n = xw.matrices[0].rows, m = xw.matrices[1].rows, k = x.cols;
   constexpr int64_t kLtLargest = int64_t(65535) * 32;  // try_gemm_fp16_bias's shape rule
-  if (!xw.lows.empty() || n == 0 || k <= 1 || m <= 1 || std::max({n, m, k}) >= kLtLargest) return false;
+  if (!fp16_product_output_enabled() || !xw.lows.empty() || n == 0 || k <= 1 || m <= 1 ||
+      std::max({n, m, k}) >= kLtLargest)
+    return false;
   const Tensor scaled_bias = bias.defined() ? empty({(m + 1) / 2}, {DType::Float32, Device::CUDA}) : Tensor();
   const HalfProduct p{x.values, w.values, bias.defined() ? bias.data<float>() : nullptr, xw.scalars.data<float>(),
                       y.scalars.data<float>(),

@@ -202,8 +202,9 @@ Tensor gemm_fp16(const Fp16Group& group, int a, bool transpose_a, int b, bool tr
 // bits); and where the bound sets e (the sample's max more than 64x under
 // it: rows of large norm whose products cancel, or a sample that misses
 // y's largest rows) elements under 2^-38 of the bound are flushed to 0
-// before the rescale up. Where cuBLASLt does not take the product: the
-// float product, then to_fp16 with the bias.
+// before the rescale up. Where cuBLASLt does not take the product (or off:
+// tg::cuda::enable_fp16_product_output(false)): the float product, then
+// to_fp16 with the bias.
 Fp16Group linear_to_fp16(const Tensor& x2, const Tensor& w, const Tensor& b);
 
 // linear's two halves, untracked, for ops that hold a projection too: y2 =
@@ -256,7 +257,7 @@ struct GemmKernels {
                                  const Tensor& bias, const Tensor& c);
   // CUDA: y's one fp16 matrix and scalars = x W^T + bias from xw = {x, W} by one cuBLASLt GEMM writing fp16
   // (linear_to_fp16); false where it does not take the product: xw with low parts, no rows, the shapes of
-  // try_gemm_fp16_bias's rule, no cuBLASLt algorithm (and always on the CPU)
+  // try_gemm_fp16_bias's rule, no cuBLASLt algorithm, enable_fp16_product_output(false) (and always on the CPU)
   static bool product_to_fp16(const Fp16Group& xw, const Tensor& bias, const Fp16Group& y);
 };
 

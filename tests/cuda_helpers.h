@@ -53,6 +53,13 @@ struct CublasSplitProducts {
   ~CublasSplitProducts() { tg::cuda::enable_warpgroup_gemm(true); }
 };
 
+// For a scope: linear_to_fp16 through the float product and to_fp16 (the
+// path its fp16 GEMM replaced), restored however the scope ends.
+struct FloatProductCopies {
+  FloatProductCopies() { tg::cuda::enable_fp16_product_output(false); }
+  ~FloatProductCopies() { tg::cuda::enable_fp16_product_output(true); }
+};
+
 // max over elements of |gpu - cpu| / (atol + rtol |cpu|): <= 1 passes. NaN fails.
 inline double parity_error(const tg::Tensor& gpu, const tg::Tensor& cpu, Tolerance tol) {
   REQUIRE(gpu.shape() == cpu.shape());
