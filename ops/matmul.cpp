@@ -210,19 +210,30 @@ void check_fp16_matrices(const char* op, const std::vector<Tensor>& xs) {
   }
 }
 
+// An unfilled fp16 matrix [rows, cols] on `device`, its elements two per float32.
+Fp16Matrix allocate_fp16_matrix(int64_t rows, int64_t cols, Device device) {
+  return {empty({(rows * cols + 1) / 2}, {DType::Float32, device}), rows, cols};
+}
+
 // The group of xs, checked and allocated, not filled; errors name `op`.
 Fp16Group allocate_fp16_group(const char* op, const std::vector<Tensor>& xs, bool with_lows = false) {
   check_fp16_matrices(op, xs);
   Fp16Group group;
-  const auto fp16_matrix = [](const Tensor& x) {
-    return Fp16Matrix{empty({(x.numel() + 1) / 2}, {DType::Float32, x.device()}), x.size(0), x.size(1)};
-  };
   for (const Tensor& x : xs) {
-    group.matrices.push_back(fp16_matrix(x));
-    if (with_lows) group.lows.push_back(fp16_matrix(x));
+    group.matrices.push_back(allocate_fp16_matrix(x.size(0), x.size(1), x.device()));
+    if (with_lows) group.lows.push_back(allocate_fp16_matrix(x.size(0), x.size(1), x.device()));
   }
   group.scalars = empty({kFp16Scalars}, {DType::Float32, xs[0].device()});
   return group;
+}
+
+// b undefined, or a contiguous float32 [cols] on `device` (a bias added to
+// every row of a matrix of `what`'s cols columns); errors name `op`.
+void check_column_bias(const char* op, const std::string& what, const Tensor& b, int64_t cols, Device device) {
+  if (!b.defined()) return;
+  TG_CHECK(b.dtype() == DType::Float32 && b.is_contiguous() && b.shape() == Shape{cols} && b.device() == device, op,
+           ": the column bias of ", what, " must be a contiguous float32 [", cols, "] on ", device, "; got ",
+           dtype_name(b.dtype()), " ", b.shape(), " on ", b.device());
 }
 }  // namespace
 
@@ -250,14 +261,9 @@ Fp16Group to_fp16(const std::vector<Tensor>& xs, const std::vector<Tensor>& colu
            " column biases for ", xs.size(), " matrices (none, or one per matrix)");
   std::vector<Tensor> biases(xs.size());
   for (size_t i = 0; i < column_biases.size(); ++i) {
-    const Tensor& b = column_biases[i];
-    if (!b.defined()) continue;
-    TG_CHECK(b.dtype() == DType::Float32 && b.is_contiguous() && b.shape() == Shape{xs[i].size(1)} &&
-                 b.device() == xs[i].device(),
-             op, ": the column bias of matrix ", i, " ", xs[i].shape(), " must be a contiguous float32 [",
-             xs[i].size(1), "] on ", xs[i].device(), "; got ", dtype_name(b.dtype()), " ", b.shape(), " on ",
-             b.device());
-    biases[i] = b;
+    check_column_bias(op, "matrix " + std::to_string(i) + " " + to_string(xs[i].shape()), column_biases[i],
+                      xs[i].size(1), xs[i].device());
+    biases[i] = column_biases[i];
   }
   TG_DISPATCH_DEVICE(xs[0], GemmKernels, to_fp16, xs, biases, group, 0, Fp16HeadDots{});
   return group;
@@ -392,14 +398,11 @@ Fp16Group linear_to_fp16(const Tensor& x2, const Tensor& w, const Tensor& b) {
   const char* op = "linear_to_fp16";
   check_fp16_matrices(op, {x2, w});
   TG_CHECK(x2.size(1) == w.size(1), op, ": x ", x2.shape(), " and W ", w.shape(), " differ in their inner size");
-  TG_CHECK(!b.defined() || (b.dtype() == DType::Float32 && b.is_contiguous() && b.shape() == Shape{w.size(0)} &&
-                            b.device() == x2.device()),
-           op, ": the bias must be a contiguous float32 [", w.size(0), "] on ", x2.device(), "; got ",
-           b.defined() ? dtype_name(b.dtype()) : "undefined", " ", b.defined() ? to_string(b.shape()) : "");
+  check_column_bias(op, "x W^T " + to_string(Shape{x2.size(0), w.size(0)}), b, w.size(0), x2.device());
   const Fp16Group xw = to_fp16({x2, w});
-  const TensorOptions opts{DType::Float32, x2.device()};
-  const int64_t n = x2.size(0), m = w.size(0);
-  Fp16Group y{{{empty({(n * m + 1) / 2}, opts), n, m}}, empty({kFp16Scalars}, opts), {}};
+  const Fp16Group y{{allocate_fp16_matrix(x2.size(0), w.size(0), x2.device())},
+                    empty({kFp16Scalars}, {DType::Float32, x2.device()}),
+                    {}};
   if (TG_DISPATCH_DEVICE(x2, GemmKernels, product_to_fp16, xw, b, y)) return y;
   return to_fp16({gemm_fp16(xw, 0, false, 1, true)}, {b});
 }

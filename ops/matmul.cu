@@ -256,7 +256,6 @@ __global__ void rescale_fp16_kernel(const __grid_constant__ Fp16Batch batch) {
 constexpr int kProductAmax = kFp16Scratch, kSampleAmax = kFp16Scratch + 1, kRowNormX = kFp16Scratch + 2,
               kRowNormW = kFp16Scratch + 3, kProductScale = kFp16Scratch + kMaxFp16Group,
               kProductAlpha = kProductScale + 1, kStepOneBlocksDone = kProductScale + 2;
-constexpr int kProductSamples = 1024;  // sampled elements of y, one per warp
 
 struct HalfProduct {
   const __half *x, *w;   // [n, k] and [m, k]: matrices 0 and 1 of the group {x, W}
@@ -287,9 +286,7 @@ __device__ float warp_row_sum(const __half* a, const __half* b, int64_t k, int l
   } else {
     for (int64_t c = lane; c < k; c += 32) sum += product(__half2float(a[c]), __half2float(b[c]));
   }
-#pragma unroll
-  for (int lanes = 16; lanes >= 1; lanes /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, lanes);
-  return sum;
+  return warp_sum(sum);
 }
 
 // The first scale: the sample's largest |y| put in [2^8, 2^9), as to_fp16's
@@ -300,7 +297,7 @@ __device__ float warp_row_sum(const __half* a, const __half* b, int64_t k, int l
 // ~2^16), the bound is put in [2^13, 2^14) instead.
 __device__ float first_product_scale(const HalfProduct& p, float sample, float2 norms, float bias_amax) {
   const float first = scale_below(sample, 9);
-  if (p.n * p.m <= kProductSamples) return first;
+  if (p.n * p.m <= kFp16Samples) return first;
   // norms: the largest squared row norms of the scaled copies; xw[1] = alpha(0, 1) = 1 / (s_x s_W)
   const double bound = sqrt(double(norms.x) * double(norms.y)) * (1 + 0x1p-8) * double(p.xw[1]) + double(bias_amax);
   if (bound * first < 0x1p15) return first;
@@ -326,7 +323,7 @@ __global__ void sample_product_kernel(const HalfProduct p) {
     if (r < p.n) norm_x = fmaxf(norm_x, norm);
     else norm_w = fmaxf(norm_w, norm);
   }
-  for (int64_t t = warp; t < kProductSamples && t < p.n * p.m; t += warps) {
+  for (int64_t t = warp; t < kFp16Samples && t < p.n * p.m; t += warps) {  // one sampled element per warp
     const int64_t index = fp16_sample_index(t, p.n * p.m), i = index / p.m, j = index % p.m;
     const float dot = warp_row_sum(p.x + i * p.k, p.w + j * p.k, p.k, lane, times);
     const float y = dot * xw_alpha + (p.bias ? p.bias[j] : 0.f);
@@ -631,6 +628,14 @@ bool run_lt_product(const LtProduct& p, HalfOperand A, HalfOperand B, const floa
   return true;
 }
 
+// Whether c [n, m] over depth k has a shape PyTorch's addmm gives cuBLASLt's
+// bias epilogue: no depth or output width of 1, no side of 65535 x 32 or more
+// (the others go the proven way: the GEMM, then the bias).
+bool lt_epilogue_takes(int64_t n, int64_t m, int64_t k) {
+  constexpr int64_t kLtLargest = int64_t(65535) * 32;
+  return k > 1 && m > 1 && std::max({n, m, k}) < kLtLargest;
+}
+
 // c [n, m] = alpha op(A) op(B) + bias as one cuBLASLt matmul (float c and
 // bias); false where cuBLASLt has no algorithm for it (nothing queued).
 bool gemm_fp16_bias_lt(HalfOperand A, bool ta, HalfOperand B, bool tb, int64_t n, int64_t m, int64_t k,
@@ -721,10 +726,7 @@ bool GemmKernels<Device::CUDA>::try_gemm_fp16_bias(const Fp16Group& group, int a
   if (!group.lows.empty() || !bias.is_contiguous() || !aligned16(bias.raw_data())) return false;
   const Fp16Matrix &A = group.matrices[a], &B = group.matrices[b];
   const int64_t k = transpose_a ? A.rows : A.cols;
-  // The shapes PyTorch's addmm gives cuBLASLt's bias epilogue: no depth or output width of 1, no side past
-  // 65535 x 32 (the others go the proven way, the GEMM and the add).
-  constexpr int64_t kLtLargest = int64_t(65535) * 32;
-  if (k <= 1 || c.size(1) <= 1 || std::max({c.size(0), c.size(1), k}) >= kLtLargest) return false;
+  if (!lt_epilogue_takes(c.size(0), c.size(1), k)) return false;
   return gemm_fp16_bias_lt(half_operand(A), transpose_a, half_operand(B), transpose_b, c.size(0), c.size(1), k,
                            product_alpha(group, a, b), group.scalars.data<float>() + kFp16Beta, bias.data<float>(),
                            c.data<float>());
@@ -735,10 +737,7 @@ bool GemmKernels<Device::CUDA>::product_to_fp16(const Fp16Group& xw, const Tenso
   using namespace cuda;
   const HalfOperand x = half_operand(xw.matrices[0]), w = half_operand(xw.matrices[1]);
   const int64_t n = xw.matrices[0].rows, m = xw.matrices[1].rows, k = x.cols;
-  constexpr int64_t kLtLargest = int64_t(65535) * 32;  // try_gemm_fp16_bias's shape rule
-  if (!fp16_product_output_enabled() || !xw.lows.empty() || n == 0 || k <= 1 || m <= 1 ||
-      std::max({n, m, k}) >= kLtLargest)
-    return false;
+  if (!fp16_product_output_enabled() || !xw.lows.empty() || n == 0 || !lt_epilogue_takes(n, m, k)) return false;
   const Tensor scaled_bias = bias.defined() ? empty({(m + 1) / 2}, {DType::Float32, Device::CUDA}) : Tensor();
   const HalfProduct p{x.values, w.values, bias.defined() ? bias.data<float>() : nullptr, xw.scalars.data<float>(),
                       y.scalars.data<float>(),

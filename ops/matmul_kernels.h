@@ -191,7 +191,7 @@ Tensor gemm_fp16(const Fp16Group& group, int a, bool transpose_a, int b, bool tr
 // format and scalars: x2 and W converted (to_fp16), then one cuBLASLt GEMM
 // whose epilogue adds the bias and rounds y 2^e to fp16, so that no float y
 // is written or read (a projection whose only reader is an fp16 kernel).
-// e is chosen before y exists: from a sample of 1024 elements of y (dot
+// e is chosen before y exists: from a sample of kFp16Samples elements of y (dot
 // products), their max put in [2^8, 2^9) as to_fp16's sample is, unless the
 // Cauchy-Schwarz bound max|x_i| max|w_j| + max|b| (row norms) allows
 // |y| 2^e past 2^15 there: then from the bound. y's true max then keeps e

@@ -46,19 +46,17 @@ class PrecisionScope {
   tg::MatmulPrecision previous_;
 };
 
-// For a scope: gemm_fp16's split products on cuBLAS's k slices instead of
-// the warpgroup kernel, restored however the scope ends.
-struct CublasSplitProducts {
-  CublasSplitProducts() { tg::cuda::enable_warpgroup_gemm(false); }
-  ~CublasSplitProducts() { tg::cuda::enable_warpgroup_gemm(true); }
+// For a scope: one of core/cuda.h's on-by-default settings off, back on
+// however the scope ends.
+template <void (*kEnable)(bool)>
+struct SettingOff {
+  SettingOff() { kEnable(false); }
+  ~SettingOff() { kEnable(true); }
 };
-
-// For a scope: linear_to_fp16 through the float product and to_fp16 (the
-// path its fp16 GEMM replaced), restored however the scope ends.
-struct FloatProductCopies {
-  FloatProductCopies() { tg::cuda::enable_fp16_product_output(false); }
-  ~FloatProductCopies() { tg::cuda::enable_fp16_product_output(true); }
-};
+// gemm_fp16's split products on cuBLAS's k slices instead of the warpgroup kernel.
+using CublasSplitProducts = SettingOff<tg::cuda::enable_warpgroup_gemm>;
+// linear_to_fp16 through the float product and to_fp16 (the path its fp16 GEMM replaced).
+using FloatProductCopies = SettingOff<tg::cuda::enable_fp16_product_output>;
 
 // max over elements of |gpu - cpu| / (atol + rtol |cpu|): <= 1 passes. NaN fails.
 inline double parity_error(const tg::Tensor& gpu, const tg::Tensor& cpu, Tolerance tol) {

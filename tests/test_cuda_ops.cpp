@@ -243,7 +243,7 @@ std::vector<double> fp16_elements(const tg::Fp16Matrix& m) {
 // (linear_to_fp16's sample: fp16_sample_index over y).
 int64_t unsampled_row(int64_t n, int64_t m) {
   std::vector<bool> sampled(static_cast<size_t>(n));
-  for (int64_t k = 0; k < 1024; ++k) sampled[size_t(tg::fp16_sample_index(k, n * m) / m)] = true;
+  for (int64_t k = 0; k < tg::kFp16Samples; ++k) sampled[size_t(tg::fp16_sample_index(k, n * m) / m)] = true;
   const int64_t row = std::find(sampled.begin(), sampled.end(), false) - sampled.begin();
   REQUIRE(row < n);
   return row;
@@ -336,7 +336,8 @@ TEST_CASE("cuda/linear_to_fp16: the GEMM writes y's fp16 copy at to_fp16's scale
   }
   const tg::TensorOptions cuda32{tg::DType::Float32, tg::Device::CUDA};
   CHECK_THROWS_WITH(tg::linear_to_fp16(tg::randn({4, 6}).cuda(), tg::randn({5, 6}).cuda(), tg::ones({6}, cuda32)),
-                    doctest::Contains("linear_to_fp16: the bias must be a contiguous float32 [5] on cuda; got float32 [6]"));
+                    doctest::Contains("linear_to_fp16: the column bias of x W^T [4,5] must be a contiguous float32 [5] "
+                                      "on cuda; got float32 [6] on cuda"));
 }
 
 #ifdef TG_CUDA

@@ -137,6 +137,19 @@ TEST_CASE("errors/to_fp16 checks each column bias before the device") {
   CHECK(contains(error_of([&] { tg::to_fp16({x}, {tg::zeros({5})}); }), "exist on CUDA only"));
 }
 
+// linear_to_fp16 checks x, W and the bias before anything runs, so a CPU call
+// reaches them (and only valid arguments reach to_fp16's "CUDA only").
+TEST_CASE("errors/linear_to_fp16 checks its arguments before the device") {
+  const tg::Tensor x = tg::zeros({4, 6}), w = tg::zeros({5, 6});
+  CHECK(error_of([&] { tg::linear_to_fp16(x, w, tg::zeros({6})); }) ==
+        "linear_to_fp16: the column bias of x W^T [4,5] must be a contiguous float32 [5] on cpu; got float32 [6] on cpu");
+  CHECK(contains(error_of([&] { tg::linear_to_fp16(x, tg::zeros({5, 7}), {}); }),
+                 "linear_to_fp16: x [4,6] and W [5,7] differ in their inner size"));
+  CHECK(contains(error_of([&] { tg::linear_to_fp16(x, w.to(tg::DType::Float64), {}); }),
+                 "linear_to_fp16: matrix 1 must be contiguous, 2-D, float32"));
+  CHECK(contains(error_of([&] { tg::linear_to_fp16(x, w, {}); }), "exist on CUDA only"));
+}
+
 // gemm_fp16 checks the group's indices and sizes its product from the
 // operands as op(A) op(B) would be: a consistent product gets past the
 // checks to the device (on the CPU, its "CUDA only"); an inconsistent one
