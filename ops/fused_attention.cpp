@@ -685,10 +685,10 @@ void region_attention_backward_into(const BackwardInputs& in, double scale, doub
   const LayerDims L = check_backward_args(in, out);
   check_given_mask_dropout_p("region_attention_backward", "dropout_p", dropout_p);
   TG_CHECK(std::isfinite(scale), "region_attention_backward: scale must be finite, got ", scale);
-  for (const Tensor& t : outputs_of(out)) bump_version(t);  // written in place, like copy_
   if (!in.hidden_states.is_cuda())
     check_binary_masks("region_attention_backward",
                        {{"edit_region_mask", in.edit_region_mask}, {"attention_mask", in.attention_mask}});
+  for (const Tensor& t : outputs_of(out)) bump_version(t);  // written in place, like copy_ (once the checks pass)
   const MatmulPrecision precision = resolve_precision(precision_in);
   const Tensor& x = in.hidden_states;
   const TensorOptions opts{x.dtype(), x.device()};

@@ -388,6 +388,7 @@ TEST_CASE("errors/benchmark interface: an output over an input or another output
   in.attention_mask = tg::from_vector({1, 0.5, 1}, {B, S}, f64);
   CHECK(run(g) == "region_attention_backward: attention_mask [1,3] must hold only 0 and 1; element 1 is 0.5");
   CHECK(g.hidden_states.to_vector() == std::vector<double>(B * S * C, 7.0));
+  for (const tg::Tensor& t : tg::fused::outputs_of(g)) CHECK(t.version() == 0);  // refused: no version bumped
 }
 
 TEST_CASE("errors/fused qkv attention: every argument checked before the projection runs") {
