@@ -341,6 +341,32 @@ __device__ __forceinline__ void mma_parts(float (&d)[4], const uint32_t (&a)[Mma
   }
 }
 
+// A's fragment of k-step ks (16 wide): rows a_row(r), r in [0, 16), of a
+// row-major fp16 shared tile.
+template <class Mma, class RowOf>
+__device__ __forceinline__ void load_a_step(uint32_t (&a)[Mma::kParts][4], const __half* a_tile, int a_stride,
+                                            const RowOf& a_row, int ks, int lane) {
+  const int block = lane >> 3;
+  ldmatrix_parts<Mma>(a, a_tile + a_row((lane & 7) + 8 * (block & 1)) * a_stride + 16 * ks + 8 * (block >> 1));
+}
+
+// acc (16 x 8N) += a (A's k-step ks) times k-step ks of n-tiles n0 .. n0 +
+// 8N - 1 of an n-major fp16 shared tile ([n][k]).
+template <class Mma, int N>
+__device__ __forceinline__ void step_product(float (&acc)[N][4], const uint32_t (&a)[Mma::kParts][4],
+                                             const __half* b_tile, int b_stride, int n0, int ks, int lane) {
+  static_assert(N % 2 == 0, "step_product: n-tiles go in pairs");
+  const int block = lane >> 3;
+#pragma unroll
+  for (int np = 0; np < N / 2; ++np) {
+    uint32_t b[Mma::kParts][4];  // n-tile 2 np: registers 0, 1; n-tile 2 np + 1: 2, 3
+    ldmatrix_parts<Mma>(b, b_tile + (n0 + 16 * np + (lane & 7) + 8 * (block >> 1)) * b_stride + 16 * ks +
+                               8 * (block & 1));
+    mma_parts<Mma>(acc[2 * np], a, b, 0);
+    mma_parts<Mma>(acc[2 * np + 1], a, b, 2);
+  }
+}
+
 // acc (16 x 8N) += A (16 x 8K) B (8K x 8N) for one warp, fp16 tiles (Fp16 or
 // Fp16x3): A is rows a_row(r), r in [0, 16), of a row-major shared tile; B is
 // n-tiles n0 .. n0 + 8N - 1 of an n-major shared tile ([n][k]). The template
@@ -350,21 +376,35 @@ template <class Mma, int K, int N, class RowOf>
   requires(!Mma::kWarpgroup)
 __device__ __forceinline__ void tile_product(float (&acc)[N][4], const __half* a_tile, int a_stride, const RowOf& a_row,
                                              const __half* b_tile, int b_stride, int n0, int lane) {
-  static_assert(N % 2 == 0 && K % 2 == 0, "tile_product (fp16): pairs of n-tiles and k blocks");
-  const int block = lane >> 3;
+  static_assert(K % 2 == 0, "tile_product (fp16): k blocks go in pairs");
 #pragma unroll
   for (int ks = 0; ks < K / 2; ++ks) {
     uint32_t a[Mma::kParts][4];
-    ldmatrix_parts<Mma>(a, a_tile + a_row((lane & 7) + 8 * (block & 1)) * a_stride + 16 * ks + 8 * (block >> 1));
-#pragma unroll
-    for (int np = 0; np < N / 2; ++np) {
-      uint32_t b[Mma::kParts][4];  // n-tile 2 np: registers 0, 1; n-tile 2 np + 1: 2, 3
-      ldmatrix_parts<Mma>(b, b_tile + (n0 + 16 * np + (lane & 7) + 8 * (block >> 1)) * b_stride + 16 * ks +
-                                 8 * (block & 1));
-      mma_parts<Mma>(acc[2 * np], a, b, 0);
-      mma_parts<Mma>(acc[2 * np + 1], a, b, 2);
-    }
+    load_a_step<Mma>(a, a_tile, a_stride, a_row, ks, lane);
+    step_product<Mma>(acc, a, b_tile, b_stride, n0, ks, lane);
   }
+}
+
+// A's fragments of every k-step, held in registers by a warp that multiplies
+// the same rows by many B tiles (the forward's Q rows by every key tile).
+template <class Mma, int K>
+struct HeldA {
+  static_assert(K % 2 == 0, "HeldA: k blocks go in pairs");
+  uint32_t step[K / 2][Mma::kParts][4];
+  template <class RowOf>
+  __device__ __forceinline__ void load(const __half* a_tile, int a_stride, const RowOf& a_row, int lane) {
+#pragma unroll
+    for (int ks = 0; ks < K / 2; ++ks) load_a_step<Mma>(step[ks], a_tile, a_stride, a_row, ks, lane);
+  }
+};
+
+// tile_product with A's fragments held.
+template <class Mma, int K, int N>
+  requires(!Mma::kWarpgroup)
+__device__ __forceinline__ void held_product(float (&acc)[N][4], const HeldA<Mma, K>& a, const __half* b_tile,
+                                             int b_stride, int n0, int lane) {
+#pragma unroll
+  for (int ks = 0; ks < K / 2; ++ks) step_product<Mma>(acc, a.step[ks], b_tile, b_stride, n0, ks, lane);
 }
 
 // acc (16 x 8N) += a (k-step ks's A fragment, every part) times rows 16 ks ..

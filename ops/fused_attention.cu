@@ -11,9 +11,11 @@ namespace tg::cuda {
 namespace {
 // ---------------------------------------------------------------- forward
 // One CTA per (64 queries, b, h), 4 warps of 16 query rows each; key tiles of
-// 64. Per warp and tile: S = Q K^T (8 n-tiles), the online softmax, dropout,
-// then O += (P times the kept mask) V with the accumulator used directly as
-// the A operand, and dropout's 1 / (1 - p) applied to o once, at the end (a
+// 64. Per warp and tile: S = Q K^T (8 n-tiles; with fp16 tiles each warp
+// holds its rows' Q fragments in registers across the key tiles,
+// mma::HeldA), the online softmax, dropout, then O += (P times the kept
+// mask) V with the accumulator used directly as the A operand, and
+// dropout's 1 / (1 - p) applied to o once, at the end (a
 // select per element, not a select and a multiply). K, V and the tile's
 // corner of edit_region_bias arrive together through cp.async. With fp16
 // tiles ("high") q, k, v come from qkv's fp16 copy: the score unscales Q K^T
@@ -61,14 +63,15 @@ __global__ void __launch_bounds__(kFwdThreads, ForwardLayout<Mma>::kMinCtasPerSm
   // b varies fastest in blockIdx.y: the B CTAs of one (h, query tile) run side by side and read each
   // edit_region_bias tile from the L2, not B times from memory.
   const int64_t h = blockIdx.y / sc.B, b = blockIdx.y % sc.B, q0 = int64_t(blockIdx.x) * kFwdRows;
-  const int64_t rows[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8};
+  // This thread's rows (r = 0, 1) and their [B,H,S] index, recomputed where used rather than held across the loop.
+  const auto row_of = [&](int r) { return q0 + 16 * warp + g + 8 * r; };
+  const auto row_id = [&](int r) { return (b * sc.H + h) * sc.S + row_of(r); };
   // Per row: the max so far; its log2(e) multiple, rounded once (0 while every
   // key so far is masked): every P and every correction use this one value, so
   // its rounding cancels in o and in the log-sum-exp; and the sum of P.
   float m_run[2] = {-INFINITY, -INFINITY}, shift_log2e[2] = {0.f, 0.f}, l_run[2] = {0.f, 0.f};
   int terms_of[2];  // where the row's edit terms are in key_terms: by its e_i
-  for (int r = 0; r < 2; ++r) terms_of[r] = rows[r] < sc.S && sc.e[b * sc.S + rows[r]] != 0.f ? kFwdKeys : 0;
-  const int64_t row_id[2] = {(b * sc.H + h) * sc.S + rows[0], (b * sc.H + h) * sc.S + rows[1]};
+  for (int r = 0; r < 2; ++r) terms_of[r] = row_of(r) < sc.S && sc.e[b * sc.S + row_of(r)] != 0.f ? kFwdKeys : 0;
   const float w_in = sc.w_in[h], w_x = sc.w_x[h];
   // The score's factor of the Q K^T product, and o's of the P V product (dropout's 1 / (1 - p) included).
   float qk_scale = sc.scale, o_scale = sc.keep_scale;
@@ -80,9 +83,11 @@ __global__ void __launch_bounds__(kFwdThreads, ForwardLayout<Mma>::kMinCtasPerSm
   const auto v_rows = operand_rows<kHalf>(p.v, p.half.v);
   float acc[8][4] = {};
   // quad_draws' block at key 0: row t & 1 of key tile t >> 1 (the quad: the 4 lanes of one g)
-  const uint64_t row_block = dropout_block(t & 1 ? row_id[1] : row_id[0], 8 * (t >> 1), sc.S);
+  const uint64_t row_block = dropout_block(row_id(t & 1), 8 * (t >> 1), sc.S);
   copy_head_rows<kFwdThreads>(q_rows, b, h, q0, kFwdRows, sc.S, Qs, Layout::place());  // waited for with the first key tile
   const auto warp_row = [&](int r) { return 16 * warp + r; };
+  constexpr int kDBlocks = kD / 8;  // Q K^T's k blocks
+  [[maybe_unused]] std::conditional_t<kHalf, mma::HeldA<Mma, kDBlocks>, char> q_held;
 
   for (int64_t k0 = 0; k0 < sc.S; k0 += kFwdKeys) {
     __syncthreads();  // the previous tile is no longer read
@@ -97,7 +102,12 @@ __global__ void __launch_bounds__(kFwdThreads, ForwardLayout<Mma>::kMinCtasPerSm
     __syncthreads();
 
     float s[8][4] = {};
-    mma::tile_product<Mma, 8, 8>(s, Qs, kTs, warp_row, Ks, kTs, 0, lane);
+    if constexpr (kHalf) {  // Q's fragments loaded once, with the first tile (its copy waited for above)
+      if (k0 == 0) q_held.load(Qs, kTs, warp_row, lane);
+      mma::held_product<Mma, kDBlocks, 8>(s, q_held, Ks, kTs, 0, lane);
+    } else {
+      mma::tile_product<Mma, kDBlocks, 8>(s, Qs, kTs, warp_row, Ks, kTs, 0, lane);
+    }
 
     // Scores (attention_score, -inf for a masked key; rows past S, never
     // stored, score the zero tiles), then the online softmax: rescale what is
@@ -153,15 +163,15 @@ __global__ void __launch_bounds__(kFwdThreads, ForwardLayout<Mma>::kMinCtasPerSm
   for (int r = 0; r < 2; ++r) {
     l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
     l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
-    if (rows[r] >= sc.S) continue;
+    if (row_of(r) >= sc.S) continue;
     // l_run is 0 only where every key is masked (o 0, lse -inf); a NaN
     // (a NaN or +inf score: fmaxf passes over NaN, so it shows in l_run) gives NaN.
     const float inv = l_run[r] != 0.f ? o_scale / l_run[r] : 0.f;
-    float* o_row = p.o + (b * sc.S + rows[r]) * C + h * kD;
+    float* o_row = p.o + (b * sc.S + row_of(r)) * C + h * kD;
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
       *reinterpret_cast<float2*>(o_row + 8 * nt + 2 * t) = make_float2(acc[nt][2 * r] * inv, acc[nt][2 * r + 1] * inv);
-    if (t == 0) p.lse[row_id[r]] = l_run[r] != 0.f ? (shift_log2e[r] + log2f(l_run[r])) * kLn2 : -INFINITY;
+    if (t == 0) p.lse[row_id(r)] = l_run[r] != 0.f ? (shift_log2e[r] + log2f(l_run[r])) * kLn2 : -INFINITY;
   }
 }
 

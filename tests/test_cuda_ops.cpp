@@ -255,10 +255,11 @@ int64_t unsampled_row(int64_t n, int64_t m) {
 // element (the allocator's NaN poison under it) within fp16's roundings of
 // the float64 product (of x, W, the bias and y); y's max at the kept scale
 // in to_fp16's window [2^8, 2^14), the bound scale and alphas as to_fp16
-// writes them. The three ways to the kept scale: the sample's scale kept;
+// writes them. The four ways to the kept scale: the sample's scale kept;
 // the bound's (an outlier of x in a row the sample misses, along a column
 // W barely uses), y rescaled up; the sample's with y's max past the window
-// (an outlier the bound allows), y rescaled down. y of at most 1024
+// (an outlier the bound allows), y rescaled down; and the bound's scale kept
+// where the sample's would have overflowed fp16. y of at most 1024
 // elements: the sample is all of it. The shapes the epilogue does not take
 // (m or k of 1) go through the float product and to_fp16 (the GEMM's alpha
 // slot is never written there: the allocator's NaN); zeros; a bias of the
@@ -292,9 +293,13 @@ TEST_CASE("cuda/linear_to_fp16: the GEMM writes y's fp16 copy at to_fp16's scale
     x[size_t(2 * r)] = x[size_t(2 * r + 1)] = 50;  // y = 1.95, and 100 in row r: the bound, 100
     cases.push_back(
         {"an outlier the bound allows", tg::from_vector(x, {4096, 2}), tg::ones({64, 2}), tg::Tensor(), 1, -1});
+    // 1000 in row r: 256000 at the sample's scale 2^8, past fp16's range; the bound, ~1004: 2^4, y's max 16000
+    x[size_t(2 * r)] = x[size_t(2 * r + 1)] = 500;
+    cases.push_back({"an outlier only the bound keeps finite", tg::from_vector(x, {4096, 2}), tg::ones({64, 2}),
+                     tg::Tensor(), 1, 0});
   }
   for (const Case& c : cases) {
-    CAPTURE(c.name);
+    CAPTURE(std::string(c.name));
     const tg::Fp16Group y = tg::linear_to_fp16(c.x.cuda(), c.w.cuda(), c.b.defined() ? c.b.cuda() : c.b);
     REQUIRE(y.matrices.size() == 1);
     const int64_t n = c.x.size(0), m = c.w.size(0), k = c.x.size(1);
