@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
   app.add_flag("--fused-only", fused_only, "time fused \"high\" and \"highest\", not the decomposed graph");
   bool mma_sync = false;
   app.add_flag("--mma-sync", mma_sync,
-               "the mma.sync backward kernels where the warpgroup-MMA ones would run (compute capability 9.0)");
+               "the mma.sync attention kernels where the warpgroup-MMA ones would run (compute capability 9.0)");
   bool cublas_split = false;
   app.add_flag("--cublas-split", cublas_split,
                "\"highest\"'s projections on cuBLAS's k slices where the warpgroup split GEMM would run");

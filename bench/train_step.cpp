@@ -11,6 +11,7 @@
 // allocator's high-water mark over one step, parameters and inputs included.
 //
 // Usage: train_step [--json FILE] [--impl decomposed|fused] [--precision highest|high] [--size BxS] [--no-toy]
+//                   [--mma-sync]
 // (the filters pick a configuration to profile, e.g. under ncu; default: all;
 // --size takes any B >= 1 and 1 <= S <= 1024, the layer's positions, in
 // place of the spec's three sizes)
@@ -152,10 +153,14 @@ int main(int argc, char** argv) {
         return "a size is BxS with B >= 1 and 1 <= S <= " + std::to_string(kPositions);
       });
   app.add_flag("--no-toy", no_toy, "skip the toy model's step");
+  bool mma_sync = false;
+  app.add_flag("--mma-sync", mma_sync,
+               "the mma.sync attention kernels where the warpgroup-MMA ones would run (compute capability 9.0)");
   CLI11_PARSE(app, argc, argv);
   const auto wanted = [](const std::string& only, const std::string& value) { return only.empty() || only == value; };
   const std::vector<Size> sizes = only_size.empty() ? kSpecSizes : std::vector<Size>{*parse_size(only_size)};
   if (!tgbench::cuda_present("train_step")) return 1;
+  tg::cuda::enable_warpgroup_attention(!mma_sync);
   tg::manual_seed(0);
   const tg::RegionAttentionParams params =
       tg::RegionAttentionParams::init({1024, 16, kPositions}).trainable_copy(tg::Device::CUDA);

@@ -28,18 +28,30 @@ PFN_cuTensorMapEncodeTiled_v12000 encoder(const char* op) {
 
 }  // namespace
 
-CUtensorMap encode_2d(const __half* base, int64_t rows, int64_t cols, int box_rows, int box_cols, const char* op) {
+CUtensorMap encode(const void* base, CUtensorMapDataType type, const TensorShape& shape, const char* op) {
   CUtensorMap map{};
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t row_bytes[1] = {static_cast<cuuint64_t>(cols) * sizeof(__half)};
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows)};
-  const cuuint32_t element_strides[2] = {1, 1};
-  const CUresult r = encoder(op)(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, const_cast<__half*>(base), dims, row_bytes,
-                                 box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  TG_CHECK(r == CUDA_SUCCESS, op, ": cuTensorMapEncodeTiled failed (CUresult ", static_cast<int>(r), ") for a [", rows,
-           ", ", cols, "] fp16 matrix in boxes of ", box_rows, " x ", box_cols);
+  cuuint64_t dims[3], strides[2];
+  cuuint32_t box[3];
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  for (int i = 0; i < shape.rank; ++i) dims[i] = shape.dims[i], box[i] = shape.box[i];
+  for (int i = 0; i + 1 < shape.rank; ++i) strides[i] = shape.strides[i];
+  const CUresult r = encoder(op)(&map, type, static_cast<cuuint32_t>(shape.rank), const_cast<void*>(base), dims,
+                                 strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  TG_CHECK(r == CUDA_SUCCESS, op, ": cuTensorMapEncodeTiled failed (CUresult ", static_cast<int>(r), ") for a ",
+           shape.rank, "-d tensor of dims (", shape.dims[0], ", ", shape.dims[1], ", ", shape.dims[2],
+           ") and strides (", shape.strides[0], ", ", shape.strides[1], ") bytes in boxes of (", shape.box[0], ", ",
+           shape.box[1], ", ", shape.box[2], ")");
   return map;
+}
+
+CUtensorMap encode_2d(const __half* base, int64_t rows, int64_t cols, int box_rows, int box_cols, const char* op) {
+  const TensorShape shape{2,
+                          {static_cast<uint64_t>(cols), static_cast<uint64_t>(rows), 1},
+                          {static_cast<uint64_t>(cols) * sizeof(__half), 0},
+                          {static_cast<uint32_t>(box_cols), static_cast<uint32_t>(box_rows), 1}};
+  return encode(base, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, shape, op);
 }
 
 }  // namespace tg::cuda::tma

@@ -1,9 +1,9 @@
 // Hopper's tensor memory accelerator (TMA, sm_90): one thread asks for a
-// whole 2-D box of a global tensor to be copied into shared memory
+// whole 2-D or 3-D box of a global tensor to be copied into shared memory
 // (cp.async.bulk.tensor), laid out and swizzled as the tensor map describes,
 // and the copy reports its bytes to an mbarrier in shared memory, on which
 // the CTA's threads wait. Rows of the box outside the tensor are written as
-// zeros. Host side: `encode_2d`, from the driver's cuTensorMapEncodeTiled
+// zeros. Host side: `encode`, from the driver's cuTensorMapEncodeTiled
 // (reached through the runtime, so nothing links libcuda).
 #pragma once
 #include <cuda.h>
@@ -54,10 +54,35 @@ __device__ __forceinline__ void load_2d(void* dst, const CUtensorMap& map, int i
       : "memory");
 }
 
+// The same in three dimensions: the box of `map` at (inner, middle, outer).
+__device__ __forceinline__ void load_3d(void* dst, const CUtensorMap& map, int inner, int middle, int outer,
+                                        uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::
+          "r"(shared_address(dst)),
+      "l"(reinterpret_cast<uint64_t>(&map)), "r"(inner), "r"(middle), "r"(outer), "r"(shared_address(bar))
+      : "memory");
+}
+
+// Host: a tensor of up to three dimensions as a TMA reads it: dims[0] the
+// contiguous one, strides[i] the bytes from one index of dimension i + 1 to
+// the next (multiples of 16; a dimension may be shorter than its stride
+// allows, the elements past it read as zeros), boxes of box[0] x box[1] x
+// box[2] elements (box[0] times the element's size at most 128 bytes).
+struct TensorShape {
+  int rank;
+  uint64_t dims[3];
+  uint64_t strides[2];
+  uint32_t box[3];
+};
+
+// Host: the map of such a tensor of fp16 or float elements at base (16-byte
+// aligned), its boxes written with the 128-byte swizzle (a box row of 128
+// bytes: one row of wgmma's K-major swizzled layout, core/wgmma.cuh); errors name `op`.
+CUtensorMap encode(const void* base, CUtensorMapDataType type, const TensorShape& shape, const char* op);
+
 // Host: the map of a row-major fp16 matrix [rows, cols] (cols a multiple of
-// 8, base 16-byte aligned) read in boxes of box_rows x box_cols with the
-// 128-byte swizzle (box_cols = 64: each box row one 128-byte row of
-// wgmma's K-major swizzled layout, core/wgmma.cuh); errors name `op`.
+// 8, base 16-byte aligned) read in boxes of box_rows x box_cols (encode's).
 CUtensorMap encode_2d(const __half* base, int64_t rows, int64_t cols, int box_rows, int box_cols, const char* op);
 
 }  // namespace tg::cuda::tma

@@ -151,6 +151,13 @@ struct MnMajorOfRows {
   }
 };
 
+// A named barrier (id 1 .. 15; 0 is __syncthreads'): waits until `threads`
+// threads (a multiple of 32, this one included) reached it, so that a
+// warpgroup synchronises its own warps without stopping the whole CTA.
+__device__ __forceinline__ void barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // Shared-memory writes made by ordinary stores, made visible to wgmma (which
 // reads through the async proxy); then a barrier before the first product.
 __device__ __forceinline__ void fence_shared_writes() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }

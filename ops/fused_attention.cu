@@ -5,6 +5,7 @@
 // tiles loaded with cp.async (core/async_copy.cuh). docs/derivations.md derives the math;
 // the CPU kernels in fused_attention.cpp run the same algorithm as loops.
 #include "ops/fused_attention_backward.cuh"
+#include "ops/fused_attention_forward.cuh"
 
 namespace tg::cuda {
 
@@ -20,9 +21,12 @@ namespace {
 // corner of edit_region_bias arrive together through cp.async. With fp16
 // tiles ("high") q, k, v come from qkv's fp16 copy: the score unscales Q K^T
 // with the softmax scale, and the kept P goes in as it is (e^(s - max), at
-// most 1 up to the rounding of the shift exp_shifted takes).
+// most 1 up to the rounding of the shift exp_shifted takes). On a device of
+// compute capability 9.0 the "high" forward is the two-warpgroup kernel of
+// ops/fused_attention_warpgroup.cu where it takes the inputs
+// (forward_warpgroup_takes); the two share their softmax (SoftmaxRows).
 
-constexpr int kFwdRows = 64, kFwdKeys = 64, kFwdThreads = 128;
+constexpr int kFwdRows = 64, kFwdThreads = 128;
 
 // The forward's shared memory, in bytes: Q, K, V (Mma::Staged), the float
 // corner of edit_region_bias, then the keys' edit_terms. kMinCtasPerSm, the
@@ -36,14 +40,6 @@ struct ForwardLayout : TileLayout<Mma> {
   static constexpr int kMinCtasPerSm = T::kHalf ? 4 : 0;
   static constexpr size_t kQ = 0, kK = T::kTile, kV = 2 * T::kTile, kE = 3 * T::kTile,
                           kKeys = kE + T::kFloatTile, kBytes = kKeys + 2 * kFwdKeys * sizeof(float);
-};
-
-struct ForwardArgs {
-  HeadRows<const float> q, k, v;
-  float* o;    // [B,S,H*D]
-  float* lse;  // [B,H,S]
-  HalfOperands half;  // with the Fp16 policy (q, k, v)
-  ScoreArgs sc;
 };
 
 template <class Mma>
@@ -66,12 +62,7 @@ __global__ void __launch_bounds__(kFwdThreads, ForwardLayout<Mma>::kMinCtasPerSm
   // This thread's rows (r = 0, 1) and their [B,H,S] index, recomputed where used rather than held across the loop.
   const auto row_of = [&](int r) { return q0 + 16 * warp + g + 8 * r; };
   const auto row_id = [&](int r) { return (b * sc.H + h) * sc.S + row_of(r); };
-  // Per row: the max so far; its log2(e) multiple, rounded once (0 while every
-  // key so far is masked): every P and every correction use this one value, so
-  // its rounding cancels in o and in the log-sum-exp; and the sum of P.
-  float m_run[2] = {-INFINITY, -INFINITY}, shift_log2e[2] = {0.f, 0.f}, l_run[2] = {0.f, 0.f};
-  int terms_of[2];  // where the row's edit terms are in key_terms: by its e_i
-  for (int r = 0; r < 2; ++r) terms_of[r] = row_of(r) < sc.S && sc.e[b * sc.S + row_of(r)] != 0.f ? kFwdKeys : 0;
+  SoftmaxRows rows(sc, b, row_of, row_id, t);
   const float w_in = sc.w_in[h], w_x = sc.w_x[h];
   // The score's factor of the Q K^T product, and o's of the P V product (dropout's 1 / (1 - p) included).
   float qk_scale = sc.scale, o_scale = sc.keep_scale;
@@ -82,10 +73,11 @@ __global__ void __launch_bounds__(kFwdThreads, ForwardLayout<Mma>::kMinCtasPerSm
   const auto q_rows = operand_rows<kHalf>(p.q, p.half.q), k_rows = operand_rows<kHalf>(p.k, p.half.k);
   const auto v_rows = operand_rows<kHalf>(p.v, p.half.v);
   float acc[8][4] = {};
-  // quad_draws' block at key 0: row t & 1 of key tile t >> 1 (the quad: the 4 lanes of one g)
-  const uint64_t row_block = dropout_block(row_id(t & 1), 8 * (t >> 1), sc.S);
   copy_head_rows<kFwdThreads>(q_rows, b, h, q0, kFwdRows, sc.S, Qs, Layout::place());  // waited for with the first key tile
   const auto warp_row = [&](int r) { return 16 * warp + r; };
+  const auto e_pair = [&](int r, int col) {
+    return *reinterpret_cast<const float2*>(Es + warp_row(g + 8 * r) * kStride + col);
+  };
   constexpr int kDBlocks = kD / 8;  // Q K^T's k blocks
   [[maybe_unused]] std::conditional_t<kHalf, mma::HeldA<Mma, kDBlocks>, char> q_held;
 
@@ -108,71 +100,15 @@ __global__ void __launch_bounds__(kFwdThreads, ForwardLayout<Mma>::kMinCtasPerSm
     } else {
       mma::tile_product<Mma, kDBlocks, 8>(s, Qs, kTs, warp_row, Ks, kTs, 0, lane);
     }
-
-    // Scores (attention_score, -inf for a masked key; rows past S, never
-    // stored, score the zero tiles), then the online softmax: rescale what is
-    // accumulated to the new row max.
-    float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {  // row r's two columns: E and the terms as float2
-        const int col = 8 * nt + 2 * t;
-        const float2 e = *reinterpret_cast<const float2*>(Es + warp_row(g + 8 * r) * kStride + col);
-        const float2 term = *reinterpret_cast<const float2*>(key_terms + terms_of[r] + col);
-        float &x0 = s[nt][2 * r], &x1 = s[nt][2 * r + 1];
-        x0 = fmaf(x0, qk_scale, e.x) + term.x;
-        x1 = fmaf(x1, qk_scale, e.y) + term.y;
-        tile_max[r] = fmaxf(tile_max[r], fmaxf(x0, x1));
-      }
-    float correction[2];  // e^(old max - new max), through the shifts; 0 while nothing is accumulated
-    bool moved = false;   // a row max of this thread moved
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-      const float m_new = fmaxf(m_run[r], tile_max[r]), shift = m_new == -INFINITY ? 0.f : m_new * kLog2e;
-      correction[r] = m_run[r] == -INFINITY ? 0.f : ex2_ftz(shift_log2e[r] - shift);
-      moved = moved || m_new != m_run[r];
-      m_run[r] = m_new, shift_log2e[r] = shift;
-      l_run[r] *= correction[r];
-    }
-    if (__any_sync(0xffffffffu, moved))  // most tiles keep the warp's maxima: no rescale
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) acc[nt][c] *= correction[c >> 1];
-    uint32_t draws[4];  // quad_draws of tiles nt and nt + 1 (nt even)
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-      if (nt % 2 == 0) quad_draws(sc, row_block + (k0 + 8 * nt) / kDropoutBlockCols, t, 0, draws);
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int r = c >> 1;
-        const float pr = exp_shifted(s[nt][c], shift_log2e[r]);
-        l_run[r] += pr;
-        s[nt][c] = keeps(sc, draws[r + 2 * (nt % 2)], c & 1) ? pr : 0.f;
-      }
-    }
-
+    float correction[2];
+    if (rows.score(s, qk_scale, e_pair, key_terms, t, correction)) rescale_rows(acc, correction);
+    rows.keep(s, sc, k0, t);
     mma::accumulator_product<Mma, 8, 8>(acc, s, Vs, kTs, lane);  // O += (P mask) V
   }
 
   const int64_t C = sc.H * kD;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
-    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
-    if (row_of(r) >= sc.S) continue;
-    // l_run is 0 only where every key is masked (o 0, lse -inf); a NaN
-    // (a NaN or +inf score: fmaxf passes over NaN, so it shows in l_run) gives NaN.
-    const float inv = l_run[r] != 0.f ? o_scale / l_run[r] : 0.f;
-    float* o_row = p.o + (b * sc.S + row_of(r)) * C + h * kD;
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-      *reinterpret_cast<float2*>(o_row + 8 * nt + 2 * t) = make_float2(acc[nt][2 * r] * inv, acc[nt][2 * r + 1] * inv);
-    if (t == 0) p.lse[row_id(r)] = l_run[r] != 0.f ? (shift_log2e[r] + log2f(l_run[r])) * kLn2 : -INFINITY;
-  }
+  rows.store(acc, o_scale, sc, row_of, row_id, [&](int r) { return p.o + (b * sc.S + row_of(r)) * C + h * kD; },
+             p.lse, t);
 }
 
 // delta[b, h, i] = dout_row . o_row over the 64 columns of head h: blockIdx.x
@@ -337,15 +273,17 @@ void launch_forward(const AttentionInputs& in, const Tensor& o, const Tensor& ls
   check_launch("fused_attention");
 }
 
-// Whether the backward runs a warpgroup-MMA kernel: reading P and Pd, on a
-// device of compute capability 9.0 (sm_90a code runs there alone), unless
-// enable_warpgroup_attention(false). Its grid is the mma.sync kernel's of
-// the same precision (the same CTAs per SM), which writes_key_gradients
-// reports.
+// Whether the backward runs a warpgroup-MMA kernel: reading P and Pd, or
+// in training at "high", on a device of compute capability 9.0 (sm_90a code
+// runs there alone), unless enable_warpgroup_attention(false). Its grid is
+// the mma.sync kernel's of the same precision (the same CTAs per SM), which
+// writes_key_gradients reports.
 static_assert(BackwardLayout<mma::Fp16Warpgroup, true>::kCtasPerSm == BackwardLayout<Fp16, true>::kCtasPerSm &&
-              BackwardLayout<mma::Fp16x3Warpgroup, true>::kCtasPerSm == BackwardLayout<Fp16x3, true>::kCtasPerSm);
-bool uses_warpgroup_kernel(bool read) {
-  return read && warpgroup_attention_enabled() && context().major == 9 && context().minor == 0;
+              BackwardLayout<mma::Fp16x3Warpgroup, true>::kCtasPerSm == BackwardLayout<Fp16x3, true>::kCtasPerSm &&
+              BackwardLayout<mma::Fp16Warpgroup, false>::kCtasPerSm == BackwardLayout<Fp16, false>::kCtasPerSm);
+bool uses_warpgroup_kernel(MatmulPrecision precision, bool read) {
+  return (read || precision == MatmulPrecision::High) && warpgroup_attention_enabled() && context().major == 9 &&
+         context().minor == 0;
 }
 
 // The backward's policy: fp16 tiles at "high"; at "highest" split fp16
@@ -377,7 +315,8 @@ void FusedAttentionKernels<Device::CUDA>::forward(const AttentionInputs& in, con
            "\"high\" and only there");
   for (const auto& [t, name] : {std::pair{&in.q, "q"}, {&in.k, "k"}, {&in.v, "v"}})
     if (!half_qkv || t->defined()) check_rows(name, *t);
-  if (precision == MatmulPrecision::High) launch_forward<Fp16>(in, o, lse);
+  if (precision == MatmulPrecision::High && forward_warpgroup_takes(in)) launch_forward_warpgroup(in, o, lse);
+  else if (precision == MatmulPrecision::High) launch_forward<Fp16>(in, o, lse);
   else launch_forward<Tf32x3>(in, o, lse);
 }
 
@@ -443,7 +382,8 @@ void FusedAttentionKernels<Device::CUDA>::backward(const AttentionInputs& in, co
   TG_CHECK(!g.probs.defined() || (g.colsum_ds.defined() && g.rowsum_pd.defined()),
            "fused_attention_backward: reading P needs the column and row sum outputs");
   if (g.edit_bias_sums.defined()) check_edit_bias_sums(g, edit_bias_sums_size(in.d, precision, g.probs.defined()));
-  if (uses_warpgroup_kernel(g.probs.defined())) return launch_interface_backward_warpgroup(in, g, precision);
+  if (uses_warpgroup_kernel(precision, g.probs.defined()))
+    return launch_backward_warpgroup(in, g, precision, g.probs.defined());
   with_backward_policy(precision, g.probs.defined(), [&](auto mma, auto read) {
     launch_backward<decltype(mma), decltype(read)::value>(in, g);
   });
@@ -512,7 +452,7 @@ void FusedAttentionKernels<Device::CUDA>::half_qkv_scalars(const HalfKeyGradient
 template <>
 KernelResidency FusedAttentionKernels<Device::CUDA>::backward_residency(MatmulPrecision precision, bool read) {
   using namespace cuda;
-  if (uses_warpgroup_kernel(read)) return interface_backward_warpgroup_residency(precision);
+  if (uses_warpgroup_kernel(precision, read)) return backward_warpgroup_residency(precision, read);
   return with_backward_policy(precision, read, [&](auto mma, auto read_p) {
     return cuda::backward_residency<decltype(mma), decltype(read_p)::value>();
   });

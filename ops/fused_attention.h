@@ -29,9 +29,14 @@
 // Devices: CUDA float32 with head dim 64 runs the fused kernels (at "high"
 // on fp16 tensor cores, each operand scaled by a power of two, TF32's
 // mantissa; 3xTF32 at "highest"); another head dim or dtype on CUDA is
-// a tg::Error (use AttentionImpl::Decomposed). On the CPU the same algorithm
-// runs as plain loops, in float32 or float64, any head dim: for checking and
-// teaching, not for speed.
+// a tg::Error (use AttentionImpl::Decomposed). On compute capability 9.0
+// (H100, H200) the "high" kernels run on Hopper's warpgroup MMA: the
+// backward, and the forward where edit_region_bias's M is a multiple of 4
+// and its data 16-byte aligned (its TMA loads need both; else the mma.sync
+// forward runs, with the same results up to the order of fp32 sums);
+// tg::cuda::enable_warpgroup_attention(false) keeps both on mma.sync. On
+// the CPU the same algorithm runs as plain loops, in float32 or float64, any
+// head dim: for checking and teaching, not for speed.
 #pragma once
 #include <vector>
 

@@ -47,7 +47,7 @@ static_assert(kBwdKeys == 16 * (kBwdThreads / 32) && kBwdRows == kBwdKeys,
 // (Mma::Staged), then float tiles: dS (P or E in, dS out) and a second one,
 // K^T for the 3xTF32 dQ product or, with kRead, the Pd tile (fp16 tiles in
 // training have none); then per-query vectors (at "highest" with kRead each
-// warp's four row sums) and per-key vectors.
+// warp's four row sums) and per-key vectors; then (kFragmentOrderK) K again.
 template <class Mma, bool kRead>
 struct BackwardLayout : TileLayout<Mma> {
   using T = TileLayout<Mma>;
@@ -56,12 +56,17 @@ struct BackwardLayout : TileLayout<Mma> {
   // the mma.sync kernel leave under 1 KB of an H200's SM free.
   static constexpr int kCtasPerSm = T::kHalf && !T::kSplit ? 3 : 2;
   static constexpr bool kSecondTile = !T::kHalf || kRead;
+  // Recomputing P with the warpgroup products: K a second time, its keys in
+  // fragment order, as S^T = K Q^T's A rows (wgmma takes a warp's A rows in
+  // staged order; mma.sync reads K's rows through key_of_row).
+  static constexpr bool kFragmentOrderK = Mma::kWarpgroup && !kRead;
   static constexpr size_t kRowSumBytes = kRead && Mma::kHighest ? kBwdThreads / 32 * 4 * kBwdRows * sizeof(double) : 0;
   static constexpr size_t kK = 0, kV = T::kTile, kQ = 2 * T::kTile, kDO = 3 * T::kTile, kDS = 4 * T::kTile,
                           kSecond = kDS + T::kFloatTile,
                           kSums = kSecond + (kSecondTile ? T::kFloatTile : 0),  // q_sums: doubles first
       kRows = kSums + kRowSumBytes, kKeys = kRows + 3 * kBwdRows * sizeof(float),
-                          kUsed = kKeys + 2 * kBwdKeys * sizeof(float),
+                          kFragmentKeys = kKeys + 2 * kBwdKeys * sizeof(float),
+                          kUsed = kFragmentKeys + (kFragmentOrderK ? T::kTile : 0),
                           kBytes = kUsed + (T::kAlign - 16);  // room to reach a kAlign boundary from a 16-byte one
   static_assert(kQ % T::kAlign == 0 && kDO % T::kAlign == 0, "the query tiles start on kAlign boundaries");
 };
@@ -270,6 +275,8 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
     smem += (Layout::kAlign - __cvta_generic_to_shared(smem_bytes) % Layout::kAlign) % Layout::kAlign;
   const auto at = [&](size_t offset) { return smem + offset; };
   Staged* Ks = reinterpret_cast<Staged*>(at(Layout::kK));     // [key][d]
+  // S^T = K Q^T's A tile: its keys in fragment order (kFragmentOrderK), or Ks read through key_rows.
+  Staged* recompute_Ks = Layout::kFragmentOrderK ? reinterpret_cast<Staged*>(at(Layout::kFragmentKeys)) : Ks;
   Staged* Vs = reinterpret_cast<Staged*>(at(Layout::kV));     // [key][d], keys in fragment order
   Staged* Qs = reinterpret_cast<Staged*>(at(Layout::kQ));     // [query][d]
   Staged* dOs = reinterpret_cast<Staged*>(at(Layout::kDO));   // [query][d]
@@ -347,6 +354,9 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
   } else {
     static_assert(!Layout::kSplit, "split tiles read P (the benchmark interface)");
     copy_operand(operand_rows<kHalf>(p.k, p.half.k), HeadRows<const __half>{}, k0, Ks, Layout::place(SameRow{}), 0);
+    if constexpr (Layout::kFragmentOrderK)
+      copy_operand(operand_rows<kHalf>(p.k, p.half.k), HeadRows<const __half>{}, k0, recompute_Ks,
+                   Layout::place(FragmentOrder{}), 0);
     copy_operand(operand_rows<kHalf>(p.v, p.half.v), HeadRows<const __half>{}, k0, Vs, Layout::place(FragmentOrder{}),
                  0);
     copy_queries(split);
@@ -405,7 +415,8 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
     // P^T and Pd^T, read or recomputed from S^T = K Q^T; then in place:
     // pd <- Pd^T and ds <- dS^T = P^T (dP^T - Delta) = Pd^T dPd^T - P^T Delta.
     float pd[8][4] = {};
-    if constexpr (recompute) mma::tile_product<Mma, 8, 8>(pd, Ks, kTs, key_rows, Layout::query_tile(Qs), kTs, 0, lane);
+    if constexpr (recompute)
+      mma::tile_product<Mma, 8, 8>(pd, recompute_Ks, kTs, key_rows, Layout::query_tile(Qs), kTs, 0, lane);
     async::wait<0>();
     __syncthreads();  // P or E is in
     TilePartial tile_e[2] = {}, tile_all[2] = {};
@@ -716,12 +727,13 @@ void launch_backward(const AttentionInputs& in, const AttentionGradTensors& g) {
 namespace tg::cuda {
 
 // launch_backward with the warpgroup products (core/wgmma.cuh's
-// Fp16Warpgroup at "high", Fp16x3Warpgroup at "highest"), reading P and Pd:
-// the benchmark interface on a device of compute capability 9.0
+// Fp16Warpgroup at "high", Fp16x3Warpgroup at "highest"), reading P and Pd
+// (read: the benchmark interface) or recomputing P (training, at "high"
+// alone), on a device of compute capability 9.0
 // (ops/fused_attention_warpgroup.cu, built for sm_90a).
-void launch_interface_backward_warpgroup(const AttentionInputs& in, const AttentionGradTensors& g,
-                                         MatmulPrecision precision);
-// backward_residency of the kernel launch_interface_backward_warpgroup runs.
-KernelResidency interface_backward_warpgroup_residency(MatmulPrecision precision);
+void launch_backward_warpgroup(const AttentionInputs& in, const AttentionGradTensors& g, MatmulPrecision precision,
+                               bool read);
+// backward_residency of the kernel launch_backward_warpgroup runs.
+KernelResidency backward_warpgroup_residency(MatmulPrecision precision, bool read);
 
 }  // namespace tg::cuda

@@ -350,8 +350,9 @@ __device__ __forceinline__ float2 edit_terms(bool key_ok, float e_j, float w_in,
 }
 
 // edit_terms of keys k0 .. k0 + n - 1 into shared memory, for queries with
-// e_i = 0 (terms[j]) and e_i = 1 (terms[n + j]); thread j takes key k0 + j,
-// in two steps: KeyFlags::load issues the loads of a_j and e_j together (e_j
+// e_i = 0 (terms[j]) and e_i = 1 (terms[n + j]); thread j (`key`:
+// threadIdx.x, or the thread's place in its warpgroup) takes key k0 + j, in
+// two steps: KeyFlags::load issues the loads of a_j and e_j together (e_j
 // whether or not the key takes part, which edit_terms then ignores), store
 // writes the terms once they are in. The forward issues the loads first and
 // its tile's copies between the two: one memory latency under the copies'
@@ -360,20 +361,20 @@ __device__ __forceinline__ float2 edit_terms(bool key_ok, float e_j, float w_in,
 struct KeyFlags {
   float a = 0.f, e = 0.f;
   bool inside = false;  // the key exists (j < S)
-  __device__ static KeyFlags load(const ScoreArgs& sc, int64_t b, int64_t k0, int n) {
+  __device__ static KeyFlags load(const ScoreArgs& sc, int64_t b, int64_t k0, int n, int key = threadIdx.x) {
     KeyFlags f;
-    if (threadIdx.x >= n) return f;
-    const int64_t j = k0 + threadIdx.x;
+    if (key >= n) return f;
+    const int64_t j = k0 + key;
     f.inside = j < sc.S;
     const int64_t at = b * sc.S + (f.inside ? j : 0);  // past S a valid place, read and then ignored
     f.a = sc.a[at], f.e = sc.e[at];
     return f;
   }
-  __device__ void store(int n, float w_in, float w_x, float* terms) const {
-    if (threadIdx.x >= n) return;
+  __device__ void store(int n, float w_in, float w_x, float* terms, int key = threadIdx.x) const {
+    if (key >= n) return;
     const float2 t = edit_terms(inside && a != 0.f, e, w_in, w_x);
-    terms[threadIdx.x] = t.x;
-    terms[n + threadIdx.x] = t.y;
+    terms[key] = t.x;
+    terms[n + key] = t.y;
   }
 };
 

@@ -53,6 +53,14 @@ double relative_error(const tg::Tensor& a, const tg::Tensor& b) {
   return scale > 0 ? err / scale : err;
 }
 
+// sum |a - b| / sum |b|: the typical error, where relative_error takes the worst.
+double mean_relative_error(const tg::Tensor& a, const tg::Tensor& b) {
+  const std::vector<double> av = a.to_vector(), bv = b.to_vector();
+  double err = 0, size = 0;
+  for (size_t k = 0; k < av.size(); ++k) err += std::abs(av[k] - bv[k]), size += std::abs(bv[k]);
+  return size > 0 ? err / size : err;
+}
+
 // "highest": each output within 10x of the fp32 graph's own error against float64.
 void check_near_fp32(const Gradients& highest, const Gradients& ref32, const Gradients& ref64) {
   const auto h3 = outputs_of(highest), r32 = outputs_of(ref32), r64 = outputs_of(ref64);
@@ -524,6 +532,79 @@ TEST_CASE("fused/training path at small shapes matches the decomposed graph" * d
   a.narrow(1, 0, 70).fill_(0.0);
   a.narrow(0, 1, 1).narrow(1, 70, 58).fill_(0.0);
   check_training_matches_decomposed(2, 150, 128, 2, -1, a);
+}
+
+// On compute capability 9.0 the "high" training kernels run on the warpgroup
+// MMA (the forward: two warpgroups of 64 queries sharing K and V tiles,
+// loads by the TMA; the backward: ops/fused_attention_backward.cuh's kernel
+// with wgmma products), and with enable_warpgroup_attention(false) on
+// mma.sync. Both read the same fp16 copies, draw the same dropout and round
+// the same values to fp16 for their products, so o and the gradients differ
+// by the order of the fp32 sums alone (and, rarely, a value that rounds to
+// the other fp16 neighbour). Checked through fused_attention (float dq, dk,
+// dv) and fused_qkv_attention (dk and dv stored as fp16 by the backward).
+// The shapes: one query; rows past S in one warpgroup (77) or in both of a
+// CTA's (130 = 128 + 2: the second CTA's second warpgroup has none); more
+// key tiles than stages, each stage refilled (300, 600); B, H > 1 and M > S
+// (M a multiple of 4, as the warpgroup forward's bias map needs: with M = 4
+// k + 2 the mma.sync forward runs in both, and the backwards still differ).
+// The bias steps by 3 every 16 keys (row maxima that move across key
+// tiles); masks random, with a batch all masked, and whole key tiles masked
+// before unmasked keys.
+TEST_CASE("cuda/fused_attention: the warpgroup kernels match the mma.sync kernels" *
+          doctest::skip(kNoGpu || !tgtest::on_sm90())) {
+  tg::manual_seed(108);
+  const PrecisionScope scope("high");
+  struct Case {
+    int64_t B, S, H, M;
+    double p;
+    bool masked_tiles;
+  };
+  for (const Case& c : std::vector<Case>{{2, 1, 1, 4, 0.1, false},
+                                         {3, 77, 2, 80, 0.1, false},
+                                         {2, 130, 2, 132, 0.0, false},
+                                         {2, 130, 2, 134, 0.1, false},
+                                         {2, 300, 3, 304, 0.1, true},
+                                         {1, 600, 2, 1024, 0.25, false}}) {
+    CAPTURE(c.B);
+    CAPTURE(c.S);
+    CAPTURE(c.M);
+    CAPTURE(c.p);
+    const int64_t C = 64 * c.H;
+    std::vector<double> offsets;
+    for (int64_t i = 0; i < c.M; ++i)
+      for (int64_t j = 0; j < c.M; ++j) offsets.push_back(3.0 * ((j / 16) % 3));
+    const tg::Tensor E =
+        tg::add(tg::mul(tg::randn({c.H, c.M, c.M}), 0.3), tg::from_vector(offsets, {1, c.M, c.M})).cuda();
+    const tg::Tensor w_in = tg::randn({c.H, 1, 1}).cuda(), w_x = tg::randn({c.H, 1, 1}).cuda();
+    const tg::Tensor qkv = tg::randn({c.B, c.S, 3 * C}).cuda(), dout = tg::randn({c.B, c.S, C}).cuda();
+    const tg::Tensor x = tg::randn({c.B, c.S, C}).cuda(), w = tg::mul(tg::randn({3 * C, C}), 0.1).cuda();
+    const tg::Tensor bias = tg::mul(tg::randn({3 * C}), 0.1).cuda();
+    const tg::Tensor e = tg::dropout_mask({c.B, c.S}, 0.5, {5, 1}).cuda();
+    tg::Tensor a = tg::dropout_mask({c.B, c.S}, 0.2, {5, 2});
+    if (c.B > 1) a.narrow(0, 0, 1).fill_(0.0);
+    if (c.masked_tiles) a.narrow(1, 0, 140).fill_(0.0);
+    a = a.cuda();
+    const tg::DropoutOptions drop{c.p, tg::PhiloxState{41, 3}};
+    std::vector<std::vector<tg::Tensor>> runs;  // o and qkv's gradient, then o, x's, W's and b's gradients
+    for (const bool warpgroup : {true, false}) {
+      tg::cuda::enable_warpgroup_attention(warpgroup);
+      const tg::Tensor q = qkv.clone().requires_grad_();
+      const tg::Tensor o = tg::fused_attention(q, e, a, E, w_in, w_x, c.H, drop);
+      o.backward(dout);
+      std::vector<tg::Tensor> leaves{x.clone().requires_grad_(), w.clone().requires_grad_(),
+                                     bias.clone().requires_grad_()};
+      const tg::Tensor o_node = tg::fused_qkv_attention(leaves[0], leaves[1], leaves[2], e, a, E, w_in, w_x, c.H, drop);
+      o_node.backward(dout);
+      runs.push_back({o, q.grad(), o_node, leaves[0].grad(), leaves[1].grad(), leaves[2].grad()});
+    }
+    tg::cuda::enable_warpgroup_attention(true);
+    for (size_t i = 0; i < runs[0].size(); ++i) {
+      CAPTURE(i);
+      CHECK(relative_error(runs[0][i], runs[1][i]) < 2e-3);
+      CHECK(mean_relative_error(runs[0][i], runs[1][i]) < 1e-4);
+    }
+  }
 }
 
 // A NaN or infinite input: the fused op's output and gradients are

@@ -1,0 +1,142 @@
+// What both fused forward kernels share: their arguments and one thread's
+// two rows of the online softmax over a 64-key tile (scores, running max,
+// dropout, the stored o and lse). The kernels differ in their products and
+// loads alone: attention_forward_kernel (ops/fused_attention.cu, mma.sync,
+// four warps, cp.async) and the warpgroup kernel
+// (ops/fused_attention_warpgroup.cu, wgmma, two warpgroups taking turns,
+// the TMA). Both hand a thread the rows g and g + 8 of its warp's 16 and, per
+// 8-key block nt, the columns 8 nt + 2 t and + 1 (mma.sync's C fragment,
+// which is also a warp's share of a wgmma accumulator). docs/derivations.md
+// derives the math.
+#pragma once
+#include "ops/fused_attention_tiles.cuh"
+
+namespace tg::cuda {
+
+namespace {
+
+constexpr int kFwdKeys = 64;  // keys per tile
+
+struct ForwardArgs {
+  HeadRows<const float> q, k, v;
+  float* o;    // [B,S,H*D]
+  float* lse;  // [B,H,S]
+  HalfOperands half;  // with the Fp16 policy (q, k, v)
+  ScoreArgs sc;
+};
+
+// acc *= correction of its row (c >> 1: rows g, g + 8).
+__device__ __forceinline__ void rescale_rows(float (&acc)[8][4], const float (&correction)[2]) {
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) acc[nt][c] *= correction[c >> 1];
+}
+
+// One thread's two rows (r = 0, 1) of the forward, for a query row(r) with
+// [B,H,S] index id(r), and lane t of its quad. Per row: the max so far; its
+// log2(e) multiple, rounded once (0 while every key so far is masked):
+// every P and every correction use this one value, so its rounding cancels
+// in o and in the log-sum-exp; the sum of P; where the row's edit terms
+// are in a tile's key terms (by its e_i: KeyFlags::store's layout).
+struct SoftmaxRows {
+  float m_run[2] = {-INFINITY, -INFINITY}, shift_log2e[2] = {0.f, 0.f}, l_run[2] = {0.f, 0.f};
+  int terms_of[2];
+  uint64_t row_block;  // quad_draws' block at key 0: row t & 1 of key tile t >> 1 (the quad: the 4 lanes of one g)
+
+  template <class RowOf, class RowId>
+  __device__ SoftmaxRows(const ScoreArgs& sc, int64_t b, const RowOf& row, const RowId& id, int t)
+      : row_block(dropout_block(id(t & 1), 8 * (t >> 1), sc.S)) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) terms_of[r] = row(r) < sc.S && sc.e[b * sc.S + row(r)] != 0.f ? kFwdKeys : 0;
+  }
+
+  // s (the tile's q . k products) <- its scores (attention_score: qk_scale
+  // s + E + the key's terms, -inf for a masked key; rows past S, never
+  // stored, score the zero tiles), e_pair(r, col) giving E at row r's
+  // columns col and col + 1; then the running maxima moved to the tile's:
+  // correction[r] = e^(old max - new max) through the shifts (0 while
+  // nothing is accumulated), l_run rescaled. Returns whether a row max of
+  // the warp moved (else the accumulators need no rescale).
+  template <class EPair>
+  __device__ bool score(float (&s)[8][4], float qk_scale, const EPair& e_pair, const float* key_terms, int t,
+                        float (&correction)[2]) {
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {  // row r's two columns: E and the terms as float2
+        const int col = 8 * nt + 2 * t;
+        const float2 e = e_pair(r, col);
+        const float2 term = *reinterpret_cast<const float2*>(key_terms + terms_of[r] + col);
+        float &x0 = s[nt][2 * r], &x1 = s[nt][2 * r + 1];
+        x0 = fmaf(x0, qk_scale, e.x) + term.x;
+        x1 = fmaf(x1, qk_scale, e.y) + term.y;
+        tile_max[r] = fmaxf(tile_max[r], fmaxf(x0, x1));
+      }
+    bool moved = false;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+      const float m_new = fmaxf(m_run[r], tile_max[r]), shift = m_new == -INFINITY ? 0.f : m_new * kLog2e;
+      correction[r] = m_run[r] == -INFINITY ? 0.f : ex2_ftz(shift_log2e[r] - shift);
+      moved = moved || m_new != m_run[r];
+      m_run[r] = m_new, shift_log2e[r] = shift;
+      l_run[r] *= correction[r];
+    }
+    return __any_sync(0xffffffffu, moved);  // most tiles keep the warp's maxima
+  }
+
+  // s (scores of the tile at key k0) <- P = e^(s - max), summed into l_run,
+  // then times the kept mask: P where dropout keeps the element, else 0
+  // (1 / (1 - p) goes on o once, at the end).
+  __device__ void keep(float (&s)[8][4], const ScoreArgs& sc, int64_t k0, int t) {
+    uint32_t draws[4];  // quad_draws of tiles nt and nt + 1 (nt even)
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      if (nt % 2 == 0) quad_draws(sc, row_block + (k0 + 8 * nt) / kDropoutBlockCols, t, 0, draws);
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int r = c >> 1;
+        const float pr = exp_shifted(s[nt][c], shift_log2e[r]);
+        l_run[r] += pr;
+        s[nt][c] = keeps(sc, draws[r + 2 * (nt % 2)], c & 1) ? pr : 0.f;
+      }
+    }
+  }
+
+  // o's rows (o_row(r): row r's 64 values) = o_scale acc / l, and the lse,
+  // for the rows before S. l_run is 0 only where every key is masked (o 0,
+  // lse -inf); a NaN (a NaN or +inf score: fmaxf passes over NaN, so it
+  // shows in l_run) gives NaN.
+  template <class RowOf, class RowId, class ORow>
+  __device__ void store(const float (&acc)[8][4], float o_scale, const ScoreArgs& sc, const RowOf& row,
+                        const RowId& id, const ORow& o_row, float* lse, int t) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+      l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
+      if (row(r) >= sc.S) continue;
+      const float inv = l_run[r] != 0.f ? o_scale / l_run[r] : 0.f;
+      float* out = o_row(r);
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+        *reinterpret_cast<float2*>(out + 8 * nt + 2 * t) = make_float2(acc[nt][2 * r] * inv, acc[nt][2 * r + 1] * inv);
+      if (t == 0) lse[id(r)] = l_run[r] != 0.f ? (shift_log2e[r] + log2f(l_run[r])) * kLn2 : -INFINITY;
+    }
+  }
+};
+
+}  // namespace
+
+}  // namespace tg::cuda
+
+namespace tg::cuda {
+
+// The fp16 training forward on Hopper's warpgroup MMA (ops/fused_attention_warpgroup.cu,
+// built for sm_90a): whether it takes these inputs, and its launch.
+bool forward_warpgroup_takes(const AttentionInputs& in);
+void launch_forward_warpgroup(const AttentionInputs& in, const Tensor& o, const Tensor& lse);
+
+}  // namespace tg::cuda
