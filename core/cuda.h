@@ -117,10 +117,11 @@ class GraphReplay {
 void set_sync_debug(bool on);
 bool sync_debug();
 
-// Like torch.backends.cuda.enable_flash_sdp: whether the fused attention's
-// backward may run its warpgroup-MMA kernels (Hopper's wgmma, on a device of
-// compute capability 9.0; the benchmark interface at "high" and "highest").
-// On by default; off, the mma.sync kernels run everywhere (to compare them).
+// Like torch.backends.cuda.enable_flash_sdp: whether the fused attention may
+// run its warpgroup-MMA kernels (Hopper's wgmma, on a device of compute
+// capability 9.0: the training forward and backward at "high", the benchmark
+// interface's backward at "high" and "highest"). On by default; off, the
+// mma.sync kernels run everywhere (to compare them).
 void enable_warpgroup_attention(bool on);
 bool warpgroup_attention_enabled();
 

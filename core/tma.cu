@@ -29,6 +29,7 @@ PFN_cuTensorMapEncodeTiled_v12000 encoder(const char* op) {
 }  // namespace
 
 CUtensorMap encode(const void* base, CUtensorMapDataType type, const TensorShape& shape, const char* op) {
+  TG_CHECK(shape.rank >= 1 && shape.rank <= 3, op, ": a tensor map of rank ", shape.rank, " (1 to 3 here)");
   CUtensorMap map{};
   cuuint64_t dims[3], strides[2];
   cuuint32_t box[3];

@@ -77,8 +77,9 @@ struct TensorShape {
 };
 
 // Host: the map of such a tensor of fp16 or float elements at base (16-byte
-// aligned), its boxes written with the 128-byte swizzle (a box row of 128
-// bytes: one row of wgmma's K-major swizzled layout, core/wgmma.cuh); errors name `op`.
+// aligned), its boxes written with the 128-byte swizzle, the one layout the
+// kernels here read (a box row of 128 bytes: one row of wgmma's K-major
+// swizzled layout, core/wgmma.cuh); errors name `op`.
 CUtensorMap encode(const void* base, CUtensorMapDataType type, const TensorShape& shape, const char* op);
 
 // Host: the map of a row-major fp16 matrix [rows, cols] (cols a multiple of

@@ -5,9 +5,9 @@
 // accumulators are read. Checked on its own by `cuda/wgmma`
 // (tests/wgmma_probe.cu), timed by bench/wgmma_rate; the end of this file
 // holds the products of the warpgroup policies (core/mma.cuh's
-// Fp16Warpgroup and Fp16x3Warpgroup), which the benchmark interface's
-// backward runs on compute capability 9.0 (ops/fused_attention_warpgroup.cu;
-// bench/NOTES.md versions 20 and 24).
+// Fp16Warpgroup and Fp16x3Warpgroup), which the attention backward runs on
+// compute capability 9.0 (ops/fused_attention_warpgroup.cu, whose training
+// forward issues its wgmma itself; bench/NOTES.md versions 20, 24 and 48).
 //
 // Operands are K-major fp16 tiles of `rows` rows (a multiple of 8) and `cols`
 // halves along K (a staged row may hold more than one operand side by side,
@@ -360,7 +360,10 @@ __device__ __forceinline__ void register_a_product(float (&acc)[32], bool wait, 
 
 // acc += A B^T, A a staged 64 x 64 tile (its rows the warpgroup's, K-major)
 // and B the staged n-major tile from row n0 ([n][k]: a plain staged tile or
-// SwizzledRows); issued and waited for.
+// SwizzledRows); issued and waited for. a_row is not read: wgmma takes warp
+// w's A rows as staged rows 16 w .. 16 w + 15, so a caller whose rows are
+// permuted (the mma.sync kernels' a_row) must stage them permuted (the
+// backward's kFragmentOrderK).
 template <class Mma, int K, int N, class RowOf, class BTile>
   requires(Mma::kWarpgroup)
 __device__ __forceinline__ void tile_product(float (&acc)[N][4], const __half* a_tile, int /*a_stride*/,

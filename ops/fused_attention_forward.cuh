@@ -3,7 +3,7 @@
 // dropout, the stored o and lse). The kernels differ in their products and
 // loads alone: attention_forward_kernel (ops/fused_attention.cu, mma.sync,
 // four warps, cp.async) and the warpgroup kernel
-// (ops/fused_attention_warpgroup.cu, wgmma, two warpgroups taking turns,
+// (ops/fused_attention_warpgroup.cu, wgmma, two warpgroups sharing K and V,
 // the TMA). Both hand a thread the rows g and g + 8 of its warp's 16 and, per
 // 8-key block nt, the columns 8 nt + 2 t and + 1 (mma.sync's C fragment,
 // which is also a warp's share of a wgmma accumulator). docs/derivations.md

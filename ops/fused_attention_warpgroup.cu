@@ -87,8 +87,9 @@ __global__ void __launch_bounds__(kPairThreads, 2)
   float* bias = reinterpret_cast<float*>(smem + L::kBias + warpgroup * kBiasTileBytes);
   float* terms = reinterpret_cast<float*>(smem + L::kTerms + warpgroup * 2 * kTermsBytes);  // [2][2 kFwdKeys]
   uint64_t* q_full = reinterpret_cast<uint64_t*>(smem + L::kBarriers);
-  uint64_t* keys_full = q_full + 1;                      // [kStages]
-  uint64_t* bias_full = keys_full + kStages + warpgroup;  // this warpgroup's
+  uint64_t* keys_full = q_full + 1;                 // [kStages]
+  uint64_t* bias_bars = keys_full + kStages;        // [2]: a warpgroup's bias corner
+  uint64_t* bias_full = bias_bars + warpgroup;
   uint32_t* released = reinterpret_cast<uint32_t*>(smem + L::kCounters);  // [kStages]
 
   // b varies fastest in blockIdx.y (the mma.sync kernel's order: the B CTAs of one bias corner together).
@@ -117,14 +118,17 @@ __global__ void __launch_bounds__(kPairThreads, 2)
       tma::load_3d(bias + half * 64 * 32, maps.bias, j * kFwdKeys + 32 * half, first_query, head,
                    bias_full);
   };
-  // By the leader, once its warpgroup is done with tile j's stage: the second warpgroup to get here refills it.
+  // By the leader, once its warpgroup is done with tile j's stage (its products waited for, then its warps
+  // met at the warpgroup's barrier): the second warpgroup to get here refills it. So both warpgroups walk
+  // every tile, rows past S or not: one that skipped a tile would leave the other waiting for its stage.
   const auto release = [&](int j) {
     if ((atomicAdd(released + j % kStages, 1u) & 1u) && j + kStages < tiles) load_keys(j + kStages);
   };
 
   if (threadIdx.x == 0) {
     tma::init_barrier(q_full, 1);
-    for (int i = 0; i < kStages + 2; ++i) tma::init_barrier(keys_full + i, 1);  // the stages', then the bias'
+    for (int i = 0; i < kStages; ++i) tma::init_barrier(keys_full + i, 1);
+    for (int w = 0; w < 2; ++w) tma::init_barrier(bias_bars + w, 1);
     for (int i = 0; i < kStages; ++i) released[i] = 0;
     tma::fence_barrier_init();
     tma::arrive_expect_bytes(q_full, 2 * kHalfTileBytes);
@@ -139,8 +143,8 @@ __global__ void __launch_bounds__(kPairThreads, 2)
   // The score's factor of the Q K^T product, and o's of the P V product (dropout's 1 / (1 - p) included).
   const float qk_scale = sc.scale * p.half.inverse_scale(kHalfQ) * p.half.inverse_scale(kHalfK);
   const float o_scale = sc.keep_scale * p.half.inverse_scale(kHalfV);
-  const auto terms_of = [&](int j) { return terms + (j % 2) * 2 * kFwdKeys; };
-  KeyFlags::load(sc, b, 0, kFwdKeys, thread).store(kFwdKeys, w_in, w_x, terms_of(0), thread);
+  const auto terms_buffer = [&](int j) { return terms + (j % 2) * 2 * kFwdKeys; };  // tile j's key terms
+  KeyFlags::load(sc, b, 0, kFwdKeys, thread).store(kFwdKeys, w_in, w_x, terms_buffer(0), thread);
   wgmma::barrier_sync(kWarpgroupBarrier + warpgroup, kWarpgroupThreads);
 
   SoftmaxRows rows(sc, b, row_of, row_id, t);
@@ -173,8 +177,8 @@ __global__ void __launch_bounds__(kPairThreads, 2)
     wgmma::wait<0>();  // S, and P V: acc and `kept` free, the previous stage read
     tma::wait(bias_full, j & 1);
     float correction[2];
-    const bool moved = rows.score(s, qk_scale, e_pair, terms_of(j), t, correction);
-    if (!last) next.store(kFwdKeys, w_in, w_x, terms_of(j + 1), thread);
+    const bool moved = rows.score(s, qk_scale, e_pair, terms_buffer(j), t, correction);
+    if (!last) next.store(kFwdKeys, w_in, w_x, terms_buffer(j + 1), thread);
     // Every warp has scored tile j (its bias corner and terms read), written tile j + 1's terms and finished P V.
     wgmma::barrier_sync(kWarpgroupBarrier + warpgroup, kWarpgroupThreads);
     if (leader) {
@@ -235,6 +239,8 @@ void launch_forward_warpgroup(const AttentionInputs& in, const Tensor& o, const 
 
 void launch_backward_warpgroup(const AttentionInputs& in, const AttentionGradTensors& g, MatmulPrecision precision,
                                bool read) {
+  TG_CHECK(read || precision == MatmulPrecision::High,
+           "fused_attention_backward (internal): training on the warpgroup MMA is at \"high\" alone");
   if (!read) return launch_backward<mma::Fp16Warpgroup, false>(in, g);
   with_warpgroup_policy(precision, [&](auto mma) { launch_backward<decltype(mma), true>(in, g); });
 }

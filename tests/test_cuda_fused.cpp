@@ -7,6 +7,7 @@
 #include <cmath>
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 
 #include "attention_problem.h"
@@ -51,6 +52,13 @@ double relative_error(const tg::Tensor& a, const tg::Tensor& b) {
     scale = std::max(scale, std::abs(bv[k]));
   }
   return scale > 0 ? err / scale : err;
+}
+
+// sum |x| over elements.
+double sum_abs(const tg::Tensor& t) {
+  double s = 0;
+  for (const double v : t.to_vector()) s += std::abs(v);
+  return s;
 }
 
 // sum |a - b| / sum |b|: the typical error, where relative_error takes the worst.
@@ -458,15 +466,17 @@ namespace {
 // The layer's output and every gradient, fused at "highest" and at "high"
 // against the decomposed graph, with and without dropout (the same Philox
 // draw), a batch whose keys are all masked and random key masks (or the key
-// mask `attn`); the edit mask random (edit_fill < 0) or all edit_fill.
+// mask `attn`); the edit mask random (edit_fill < 0) or all edit_fill; M =
+// S + extra_positions.
 void check_training_matches_decomposed(int64_t B, int64_t S, int64_t C, int64_t H, double edit_fill = -1,
-                                       const tg::Tensor& attn = {}) {
+                                       const tg::Tensor& attn = {}, int64_t extra_positions = 3) {
   CAPTURE(B);
   CAPTURE(S);
+  CAPTURE(extra_positions);
   CAPTURE(edit_fill);
   for (double p : {0.0, 0.1}) {
     CAPTURE(p);
-    const tg::RegionAttentionParams host = tg::RegionAttentionParams::init({C, H, S + 3});
+    const tg::RegionAttentionParams host = tg::RegionAttentionParams::init({C, H, S + extra_positions});
     const tg::Tensor x = tg::randn({B, S, C});
     const tg::Tensor e = edit_fill < 0 ? tg::dropout_mask({B, S}, 0.5, {1, 1}) : tg::full({B, S}, edit_fill);
     tg::Tensor a = attn.defined() ? attn : tg::dropout_mask({B, S}, 0.2, {1, 2});
@@ -514,9 +524,11 @@ TEST_CASE("fused/training path through the tape matches the decomposed graph (sa
   tg::manual_seed(103);
   // On an H200, {4, 520, 1024, 16} has 576 key-tile CTAs: one per key tile at "highest" (dk and dv stored,
   // 9 query tiles each), split at "high" (3 CTAs per SM); {4, 832, 1024, 16} has 832: one per key tile at both.
-  for (const auto& [B, S, C, H] :
-       std::vector<std::array<int64_t, 4>>{{2, 300, 1024, 16}, {4, 520, 1024, 16}, {4, 832, 1024, 16}})
-    check_training_matches_decomposed(B, S, C, H);
+  // M = S + 4 at S = 520, a multiple of 4: on compute capability 9.0 the warpgroup forward runs there (its
+  // TMA's bias map needs it; 9 key tiles, its stages refilled), with M = S + 3 the mma.sync one.
+  for (const auto& [B, S, C, H, extra] : std::vector<std::array<int64_t, 5>>{
+           {2, 300, 1024, 16, 3}, {4, 520, 1024, 16, 4}, {4, 832, 1024, 16, 3}})
+    check_training_matches_decomposed(B, S, C, H, -1, {}, extra);
 }
 
 // Small enough for compute-sanitizer's racecheck over the training kernels.
@@ -542,7 +554,8 @@ TEST_CASE("fused/training path at small shapes matches the decomposed graph" * d
 // the same values to fp16 for their products, so o and the gradients differ
 // by the order of the fp32 sums alone (and, rarely, a value that rounds to
 // the other fp16 neighbour). Checked through fused_attention (float dq, dk,
-// dv) and fused_qkv_attention (dk and dv stored as fp16 by the backward).
+// dv) and fused_qkv_attention (dk and dv stored as fp16 by the backward):
+// o and the gradients of every input, E, w_in and w_x included.
 // The shapes: one query; rows past S in one warpgroup (77) or in both of a
 // CTA's (130 = 128 + 2: the second CTA's second warpgroup has none); more
 // key tiles than stages, each stage refilled (300, 600); B, H > 1 and M > S
@@ -586,21 +599,41 @@ TEST_CASE("cuda/fused_attention: the warpgroup kernels match the mma.sync kernel
     if (c.masked_tiles) a.narrow(1, 0, 140).fill_(0.0);
     a = a.cuda();
     const tg::DropoutOptions drop{c.p, tg::PhiloxState{41, 3}};
-    std::vector<std::vector<tg::Tensor>> runs;  // o and qkv's gradient, then o, x's, W's and b's gradients
+    const auto leaves_of = [](const std::vector<tg::Tensor>& values) {
+      std::vector<tg::Tensor> leaves;
+      for (const tg::Tensor& v : values) leaves.push_back(v.clone().requires_grad_());
+      return leaves;
+    };
+    // Per kernel: o, then the gradients of qkv, E, w_in, w_x; the node's o, then those of x, W, b, E, w_in, w_x.
+    std::vector<std::vector<tg::Tensor>> runs;
     for (const bool warpgroup : {true, false}) {
       tg::cuda::enable_warpgroup_attention(warpgroup);
-      const tg::Tensor q = qkv.clone().requires_grad_();
-      const tg::Tensor o = tg::fused_attention(q, e, a, E, w_in, w_x, c.H, drop);
+      const std::vector<tg::Tensor> core = leaves_of({qkv, E, w_in, w_x});
+      const tg::Tensor o = tg::fused_attention(core[0], e, a, core[1], core[2], core[3], c.H, drop);
       o.backward(dout);
-      std::vector<tg::Tensor> leaves{x.clone().requires_grad_(), w.clone().requires_grad_(),
-                                     bias.clone().requires_grad_()};
-      const tg::Tensor o_node = tg::fused_qkv_attention(leaves[0], leaves[1], leaves[2], e, a, E, w_in, w_x, c.H, drop);
+      const std::vector<tg::Tensor> node = leaves_of({x, w, bias, E, w_in, w_x});
+      const tg::Tensor o_node =
+          tg::fused_qkv_attention(node[0], node[1], node[2], e, a, node[3], node[4], node[5], c.H, drop);
       o_node.backward(dout);
-      runs.push_back({o, q.grad(), o_node, leaves[0].grad(), leaves[1].grad(), leaves[2].grad()});
+      std::vector<tg::Tensor> r{o};
+      for (const tg::Tensor& t : core) r.push_back(t.grad());
+      r.push_back(o_node);
+      for (const tg::Tensor& t : node) r.push_back(t.grad());
+      runs.push_back(r);
     }
     tg::cuda::enable_warpgroup_attention(true);
+    // dE, dw_in and dw_x are sums of dS: at S = 1 every row's dS is the cancellation dP - Delta (rounding
+    // noise on both sides), so there only the rest is compared. dw_in and dw_x are judged against the
+    // summed terms' size, sum |dE|, not against their own, which cancels.
+    const std::set<size_t> edit_bias{2, 3, 4, 9, 10, 11}, scalars{3, 4, 10, 11};
     for (size_t i = 0; i < runs[0].size(); ++i) {
       CAPTURE(i);
+      if (c.S == 1 && edit_bias.count(i)) continue;
+      if (scalars.count(i)) {
+        const size_t dE = i < 5 ? 2 : 9;
+        CHECK(max_abs_diff(runs[0][i], runs[1][i]) <= 1e-4 * sum_abs(runs[1][dE]));
+        continue;
+      }
       CHECK(relative_error(runs[0][i], runs[1][i]) < 2e-3);
       CHECK(mean_relative_error(runs[0][i], runs[1][i]) < 1e-4);
     }
