@@ -251,6 +251,14 @@ struct SwizzledRows {
   const __half* tile;
 };
 
+// Warp w's rows of a staged tile in staged order, 16 w .. 16 w + 15: an A
+// row map (a_row) of the products here, and the only one the warpgroup
+// products take (wgmma reads a warp's A rows as they are staged).
+struct WarpRows {
+  int warp;
+  __host__ __device__ constexpr int operator()(int r) const { return 16 * warp + r; }
+};
+
 // "high" on Hopper's warpgroup MMA (its products in core/wgmma.cuh, sm_90a
 // alone): the Fp16 policy's operands (fp16, scaled by the kernel), staged
 // as core matrices (core_matrix_offset, above: no padding) or as
@@ -260,7 +268,7 @@ struct SwizzledRows {
 // 16 rows of the result in mma.sync's C fragment. A kernel written for the
 // per-warp products runs with these as it stands, provided it calls them
 // with all four warps of its CTA, each warp's A rows are its own 16 in
-// staged order (a_row(r) = 16 warp + r), and it calls the hooks
+// staged order (a_row: WarpRows), and it calls the hooks
 // (operand_tiles_written, products_done) where the asynchrony needs them.
 struct Fp16Warpgroup {
   using Staged = __half;

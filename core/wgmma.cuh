@@ -360,15 +360,15 @@ __device__ __forceinline__ void register_a_product(float (&acc)[32], bool wait, 
 
 // acc += A B^T, A a staged 64 x 64 tile (its rows the warpgroup's, K-major)
 // and B the staged n-major tile from row n0 ([n][k]: a plain staged tile or
-// SwizzledRows); issued and waited for. a_row is not read: wgmma takes warp
-// w's A rows as staged rows 16 w .. 16 w + 15, so a caller whose rows are
-// permuted (the mma.sync kernels' a_row) must stage them permuted (the
-// backward's kFragmentOrderK).
-template <class Mma, int K, int N, class RowOf, class BTile>
+// SwizzledRows); issued and waited for. Its A rows are the staged ones
+// (WarpRows, which wgmma reads without the map): a caller whose rows are
+// permuted stages them permuted (the backward's kFragmentOrderK); another
+// row map does not compile.
+template <class Mma, int K, int N, class BTile>
   requires(Mma::kWarpgroup)
 __device__ __forceinline__ void tile_product(float (&acc)[N][4], const __half* a_tile, int /*a_stride*/,
-                                             const RowOf& /*a_row: 16 warp + r*/, BTile b_tile, int /*b_stride*/,
-                                             int n0, int /*lane*/) {
+                                             WarpRows /*a_row*/, BTile b_tile, int /*b_stride*/, int n0,
+                                             int /*lane*/) {
   using namespace warpgroup;
   static_assert(K == 8 && N == 8, "warpgroup products are 64 x 64 x 64");
   run_products<Mma>(flat(acc), true, [&](float(&d)[32], int s, int pa, int pb, bool accumulate) {

@@ -23,7 +23,7 @@ namespace {
 // with the softmax scale, and the kept P goes in as it is (e^(s - max), at
 // most 1 up to the rounding of the shift exp_shifted takes). On a device of
 // compute capability 9.0 the "high" forward is the two-warpgroup kernel of
-// ops/fused_attention_warpgroup.cu where it takes the inputs
+// ops/fused_attention_warpgroup.cu where its loads take the inputs
 // (forward_warpgroup_takes); the two share their softmax (SoftmaxRows).
 
 constexpr int kFwdRows = 64, kFwdThreads = 128;
@@ -273,17 +273,21 @@ void launch_forward(const AttentionInputs& in, const Tensor& o, const Tensor& ls
   check_launch("fused_attention");
 }
 
+// Whether the warpgroup-MMA kernels run: on a device of compute capability
+// 9.0 (sm_90a code runs there alone), unless enable_warpgroup_attention(false).
+bool warpgroup_kernels_run() {
+  return warpgroup_attention_enabled() && context().major == 9 && context().minor == 0;
+}
+
 // Whether the backward runs a warpgroup-MMA kernel: reading P and Pd, or
-// in training at "high", on a device of compute capability 9.0 (sm_90a code
-// runs there alone), unless enable_warpgroup_attention(false). Its grid is
-// the mma.sync kernel's of the same precision (the same CTAs per SM), which
-// writes_key_gradients reports.
+// in training at "high", where they run. Its grid is the mma.sync kernel's
+// of the same precision (the same CTAs per SM), which writes_key_gradients
+// reports.
 static_assert(BackwardLayout<mma::Fp16Warpgroup, true>::kCtasPerSm == BackwardLayout<Fp16, true>::kCtasPerSm &&
               BackwardLayout<mma::Fp16x3Warpgroup, true>::kCtasPerSm == BackwardLayout<Fp16x3, true>::kCtasPerSm &&
               BackwardLayout<mma::Fp16Warpgroup, false>::kCtasPerSm == BackwardLayout<Fp16, false>::kCtasPerSm);
 bool uses_warpgroup_kernel(MatmulPrecision precision, bool read) {
-  return (read || precision == MatmulPrecision::High) && warpgroup_attention_enabled() && context().major == 9 &&
-         context().minor == 0;
+  return (read || precision == MatmulPrecision::High) && warpgroup_kernels_run();
 }
 
 // The backward's policy: fp16 tiles at "high"; at "highest" split fp16
@@ -315,7 +319,8 @@ void FusedAttentionKernels<Device::CUDA>::forward(const AttentionInputs& in, con
            "\"high\" and only there");
   for (const auto& [t, name] : {std::pair{&in.q, "q"}, {&in.k, "k"}, {&in.v, "v"}})
     if (!half_qkv || t->defined()) check_rows(name, *t);
-  if (precision == MatmulPrecision::High && forward_warpgroup_takes(in)) launch_forward_warpgroup(in, o, lse);
+  if (precision == MatmulPrecision::High && warpgroup_kernels_run() && forward_warpgroup_takes(in))
+    launch_forward_warpgroup(in, o, lse);
   else if (precision == MatmulPrecision::High) launch_forward<Fp16>(in, o, lse);
   else launch_forward<Tf32x3>(in, o, lse);
 }

@@ -275,8 +275,7 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
     smem += (Layout::kAlign - __cvta_generic_to_shared(smem_bytes) % Layout::kAlign) % Layout::kAlign;
   const auto at = [&](size_t offset) { return smem + offset; };
   Staged* Ks = reinterpret_cast<Staged*>(at(Layout::kK));     // [key][d]
-  // S^T = K Q^T's A tile: its keys in fragment order (kFragmentOrderK), or Ks read through key_rows.
-  Staged* recompute_Ks = Layout::kFragmentOrderK ? reinterpret_cast<Staged*>(at(Layout::kFragmentKeys)) : Ks;
+  Staged* fragment_Ks = reinterpret_cast<Staged*>(at(Layout::kFragmentKeys));  // kFragmentOrderK: K in fragment order
   Staged* Vs = reinterpret_cast<Staged*>(at(Layout::kV));     // [key][d], keys in fragment order
   Staged* Qs = reinterpret_cast<Staged*>(at(Layout::kQ));     // [query][d]
   Staged* dOs = reinterpret_cast<Staged*>(at(Layout::kDO));   // [query][d]
@@ -355,7 +354,7 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
     static_assert(!Layout::kSplit, "split tiles read P (the benchmark interface)");
     copy_operand(operand_rows<kHalf>(p.k, p.half.k), HeadRows<const __half>{}, k0, Ks, Layout::place(SameRow{}), 0);
     if constexpr (Layout::kFragmentOrderK)
-      copy_operand(operand_rows<kHalf>(p.k, p.half.k), HeadRows<const __half>{}, k0, recompute_Ks,
+      copy_operand(operand_rows<kHalf>(p.k, p.half.k), HeadRows<const __half>{}, k0, fragment_Ks,
                    Layout::place(FragmentOrder{}), 0);
     copy_operand(operand_rows<kHalf>(p.v, p.half.v), HeadRows<const __half>{}, k0, Vs, Layout::place(FragmentOrder{}),
                  0);
@@ -381,7 +380,7 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
   const float2 terms[2] = {edit_terms(key_a[jl[0]] != 0.f, ej[0], w_in, w_x),
                            edit_terms(key_a[jl[1]] != 0.f, ej[1], w_in, w_x)};
   const auto key_rows = [&](int r) { return key_of_row(warp, r); };
-  const auto warp_rows = [&](int r) { return 16 * warp + r; };  // V's keys (stored in fragment order), dQ's queries
+  const mma::WarpRows warp_rows{warp};  // V's keys (stored in fragment order), dQ's queries
   float dK[8][4] = {}, dV[8][4] = {};
   // Per key j, over this thread's queries i: the column sum of dS (for the q
   // bias); and the thread's share of dw_in and dw_x, sums that largely
@@ -415,8 +414,10 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
     // P^T and Pd^T, read or recomputed from S^T = K Q^T; then in place:
     // pd <- Pd^T and ds <- dS^T = P^T (dP^T - Delta) = Pd^T dPd^T - P^T Delta.
     float pd[8][4] = {};
-    if constexpr (recompute)
-      mma::tile_product<Mma, 8, 8>(pd, recompute_Ks, kTs, key_rows, Layout::query_tile(Qs), kTs, 0, lane);
+    if constexpr (Layout::kFragmentOrderK)  // the warp's keys as staged
+      mma::tile_product<Mma, 8, 8>(pd, fragment_Ks, kTs, warp_rows, Layout::query_tile(Qs), kTs, 0, lane);
+    else if constexpr (recompute)
+      mma::tile_product<Mma, 8, 8>(pd, Ks, kTs, key_rows, Layout::query_tile(Qs), kTs, 0, lane);
     async::wait<0>();
     __syncthreads();  // P or E is in
     TilePartial tile_e[2] = {}, tile_all[2] = {};

@@ -135,7 +135,8 @@ struct SoftmaxRows {
 namespace tg::cuda {
 
 // The fp16 training forward on Hopper's warpgroup MMA (ops/fused_attention_warpgroup.cu,
-// built for sm_90a): whether it takes these inputs, and its launch.
+// built for sm_90a; run where ops/fused_attention.cu's warpgroup_kernels_run):
+// whether its loads take these inputs, and its launch.
 bool forward_warpgroup_takes(const AttentionInputs& in);
 void launch_forward_warpgroup(const AttentionInputs& in, const Tensor& o, const Tensor& lse);
 

@@ -37,7 +37,9 @@ namespace {
 // 64 x 64 corner of edit_region_bias, the next one asked for as soon as
 // every warp has scored the current one. The TMA writes zeros past S (the
 // maps' sizes), as the cp.async copies do. Each warpgroup writes its keys'
-// edit terms (KeyFlags) into a double buffer of its own.
+// edit terms (KeyFlags) into a double buffer of its own: the two compute
+// the same 128 floats per tile, where one shared buffer would need a barrier
+// of both warpgroups per tile.
 constexpr int kPairThreads = 256, kPairRows = 128, kStages = 2;
 constexpr int kWarpgroupThreads = 128, kWarpgroupRows = 64;
 constexpr uint32_t kHalfTileBytes = 64 * kD * sizeof(__half);         // a 64 x 64 fp16 tile: one box
@@ -80,10 +82,11 @@ __global__ void __launch_bounds__(kPairThreads, 2)
   const int warpgroup = threadIdx.x / kWarpgroupThreads, thread = threadIdx.x % kWarpgroupThreads;
   const int warp = thread / 32, lane = thread % 32, g = lane >> 2, t = lane & 3;
   const bool leader = thread == 0;  // the warpgroup's thread that asks for its loads
-  const auto stage_tile = [&](size_t at, int stage) {
-    return reinterpret_cast<__half*>(smem + at + stage * kHalfTileBytes);
+  // The i-th fp16 tile from offset `at`: warpgroup i's Q, stage i's K or V.
+  const auto half_tile = [&](size_t at, int i) {
+    return reinterpret_cast<__half*>(smem + at + i * kHalfTileBytes);
   };
-  const __half* Qs = stage_tile(L::kQ, warpgroup);
+  const __half* Qs = half_tile(L::kQ, warpgroup);
   float* bias = reinterpret_cast<float*>(smem + L::kBias + warpgroup * kBiasTileBytes);
   float* terms = reinterpret_cast<float*>(smem + L::kTerms + warpgroup * 2 * kTermsBytes);  // [2][2 kFwdKeys]
   uint64_t* q_full = reinterpret_cast<uint64_t*>(smem + L::kBarriers);
@@ -108,8 +111,8 @@ __global__ void __launch_bounds__(kPairThreads, 2)
   const auto load_keys = [&](int j) {
     const int stage = j % kStages;
     tma::arrive_expect_bytes(keys_full + stage, 2 * kHalfTileBytes);
-    tma::load_3d(stage_tile(L::kK, stage), maps.qkv, C + head_col, j * kFwdKeys, batch, keys_full + stage);
-    tma::load_3d(stage_tile(L::kV, stage), maps.qkv, 2 * C + head_col, j * kFwdKeys, batch, keys_full + stage);
+    tma::load_3d(half_tile(L::kK, stage), maps.qkv, C + head_col, j * kFwdKeys, batch, keys_full + stage);
+    tma::load_3d(half_tile(L::kV, stage), maps.qkv, 2 * C + head_col, j * kFwdKeys, batch, keys_full + stage);
   };
   // This warpgroup's bias corner of key tile j, by its leader.
   const auto load_bias = [&](int j) {
@@ -133,7 +136,7 @@ __global__ void __launch_bounds__(kPairThreads, 2)
     tma::fence_barrier_init();
     tma::arrive_expect_bytes(q_full, 2 * kHalfTileBytes);
     for (int w = 0; w < 2; ++w)
-      tma::load_3d(stage_tile(L::kQ, w), maps.qkv, head_col, cta_query + kWarpgroupRows * w, batch, q_full);
+      tma::load_3d(half_tile(L::kQ, w), maps.qkv, head_col, cta_query + kWarpgroupRows * w, batch, q_full);
     for (int j = 0; j < kStages && j < tiles; ++j) load_keys(j);
   }
   __syncthreads();
@@ -157,7 +160,7 @@ __global__ void __launch_bounds__(kPairThreads, 2)
 #pragma unroll
     for (int step = 0; step < 4; ++step)
       wgmma::mma_64x64x16<true>(mma::warpgroup::flat(acc), kept[step],
-                                wgmma::MnMajor128B::product(stage_tile(L::kV, j % kStages), step, kD, kFwdKeys), true);
+                                wgmma::MnMajor128B::product(half_tile(L::kV, j % kStages), step, kD, kFwdKeys), true);
   };
   // Key tile j: P V of tile j - 1 (with_pv: every tile but the first) and S of tile j. Two instances: with
   // a run-time branch around P V ptxas injects waits for the products (warning C7519).
@@ -172,7 +175,7 @@ __global__ void __launch_bounds__(kPairThreads, 2)
 #pragma unroll
     for (int step = 0; step < 4; ++step)
       wgmma::mma_64x64x16(mma::warpgroup::flat(s), KMajor::product(Qs, step, 64, kD),
-                          KMajor::product(stage_tile(L::kK, j % kStages), step, 64, kD), step > 0);
+                          KMajor::product(half_tile(L::kK, j % kStages), step, 64, kD), step > 0);
     wgmma::commit();
     wgmma::wait<0>();  // S, and P V: acc and `kept` free, the previous stage read
     tma::wait(bias_full, j & 1);
@@ -206,18 +209,23 @@ __global__ void __launch_bounds__(kPairThreads, 2)
              p.lse, t);
 }
 
-// f(policy): Fp16Warpgroup at "high", Fp16x3Warpgroup at "highest".
+// The backward's warpgroup policy, f(policy, kRead) as with_backward_policy
+// (ops/fused_attention.cu) calls it: Fp16Warpgroup at "high" (training or
+// the interface), Fp16x3Warpgroup at "highest" reading P (the interface).
 template <class F>
-decltype(auto) with_warpgroup_policy(MatmulPrecision precision, F&& f) {
-  if (precision == MatmulPrecision::High) return f(mma::Fp16Warpgroup{});
-  return f(mma::Fp16x3Warpgroup{});
+decltype(auto) with_warpgroup_policy(MatmulPrecision precision, bool read, F&& f) {
+  TG_CHECK(read || precision == MatmulPrecision::High,
+           "fused_attention_backward (internal): training on the warpgroup MMA is at \"high\" alone");
+  if (precision == MatmulPrecision::High && read) return f(mma::Fp16Warpgroup{}, std::true_type{});
+  if (precision == MatmulPrecision::High) return f(mma::Fp16Warpgroup{}, std::false_type{});
+  return f(mma::Fp16x3Warpgroup{}, std::true_type{});
 }
 }  // namespace
 
 bool forward_warpgroup_takes(const AttentionInputs& in) {
   // The TMA's maps need 16-byte aligned bases and row strides: the bias's, 4 M bytes, a multiple of 16.
-  return warpgroup_attention_enabled() && context().major == 9 && context().minor == 0 && in.d.M % 4 == 0 &&
-         aligned16(in.edit_region_bias.raw_data()) && aligned16(half_values(in.qkv_half.matrices[0]));
+  return in.d.M % 4 == 0 && aligned16(in.edit_region_bias.raw_data()) &&
+         aligned16(half_values(in.qkv_half.matrices[0]));
 }
 
 void launch_forward_warpgroup(const AttentionInputs& in, const Tensor& o, const Tensor& lse) {
@@ -239,15 +247,15 @@ void launch_forward_warpgroup(const AttentionInputs& in, const Tensor& o, const 
 
 void launch_backward_warpgroup(const AttentionInputs& in, const AttentionGradTensors& g, MatmulPrecision precision,
                                bool read) {
-  TG_CHECK(read || precision == MatmulPrecision::High,
-           "fused_attention_backward (internal): training on the warpgroup MMA is at \"high\" alone");
-  if (!read) return launch_backward<mma::Fp16Warpgroup, false>(in, g);
-  with_warpgroup_policy(precision, [&](auto mma) { launch_backward<decltype(mma), true>(in, g); });
+  with_warpgroup_policy(precision, read, [&](auto mma, auto read_p) {
+    launch_backward<decltype(mma), decltype(read_p)::value>(in, g);
+  });
 }
 
 KernelResidency backward_warpgroup_residency(MatmulPrecision precision, bool read) {
-  if (!read) return backward_residency<mma::Fp16Warpgroup, false>();
-  return with_warpgroup_policy(precision, [](auto mma) { return backward_residency<decltype(mma), true>(); });
+  return with_warpgroup_policy(precision, read, [](auto mma, auto read_p) {
+    return backward_residency<decltype(mma), decltype(read_p)::value>();
+  });
 }
 
 }  // namespace tg::cuda

@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(128) split_product_kernel(const float* a, cons
   float* a_float = reinterpret_cast<float*>(first);
   __half* b_split = reinterpret_cast<__half*>(second);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const auto warp_rows = [warp](int r) { return 16 * warp + r; };
+  const mma::WarpRows warp_rows{warp};
   float acc[8][4] = {};
   for (int k0 = 0; k0 < k; k0 += kChunk) {
     __syncthreads();  // the previous chunk is read
