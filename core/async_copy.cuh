@@ -14,6 +14,18 @@ __device__ __forceinline__ uint32_t shared_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// The first kAlign-byte boundary of the shared address space at or after p,
+// a 16-byte aligned pointer into shared memory (an __align__(16) dynamic
+// array; swizzled tiles need 1024). p is offset, not rounded as an integer: a
+// pointer that went through an integer is generic to nvcc, and its loads
+// become generic ones with 64-bit addresses instead of ld.shared.
+template <unsigned kAlign>
+__device__ __forceinline__ unsigned char* align_shared(unsigned char* p) {
+  static_assert(kAlign > 0 && (kAlign & (kAlign - 1)) == 0, "align_shared: a power of two");
+  if constexpr (kAlign <= 16) return p;
+  else return p + (kAlign - shared_address(p) % kAlign) % kAlign;
+}
+
 // 16 bytes; both addresses 16-byte aligned. Cached in L2 only (.cg).
 __device__ __forceinline__ void copy16(void* dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(dst)), "l"(src),

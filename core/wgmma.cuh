@@ -61,13 +61,19 @@ constexpr int kCoreBytes = 128;  // one 8 x 8 core matrix of halves
 
 enum class Swizzle { kNone, k128B };
 
-// A shared-memory matrix descriptor: start address, leading and stride byte
-// offsets (each in 16-byte units, 14 bits), swizzle mode in bits 62-63 (0
-// none, 1 128-byte).
-__device__ __forceinline__ uint64_t descriptor(const void* start, uint32_t leading, uint32_t stride, uint64_t mode) {
-  const auto field = [](uint32_t bytes) { return static_cast<uint64_t>((bytes & 0x3FFFF) >> 4); };
-  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(start));
-  return field(address) | field(leading) << 16 | field(stride) << 32 | mode << 62;
+// A shared-memory matrix descriptor of the matrix `offset` bytes (a multiple
+// of 16) after `base`: start address, leading and stride byte offsets (each
+// in 16-byte units, 14 bits: under 2^18 bytes, unchecked), swizzle mode in
+// bits 62-63 (0 none, 1 128-byte). base + offset is a shared address, under
+// 2^18 bytes, so the start's field (the address / 16) carries nothing past
+// its 14 bits: the low word is the base's field plus one constant (offset
+// and leading), a single add per k-step onto a value the steps of one tile
+// share.
+__device__ __forceinline__ uint64_t descriptor(const void* base, uint32_t offset, uint32_t leading, uint32_t stride,
+                                               uint64_t mode) {
+  const uint32_t start = static_cast<uint32_t>(__cvta_generic_to_shared(base)) >> 4;
+  const uint32_t low = start + ((offset >> 4) + ((leading >> 4) << 16));
+  return low | uint64_t(stride >> 4) << 32 | mode << 62;
 }
 
 template <Swizzle kSwizzle>
@@ -82,7 +88,7 @@ struct KMajor<Swizzle::kNone> {
   }
   // The descriptor of product s (K columns 16 s .. 16 s + 15); tile 16-byte aligned.
   __device__ static uint64_t product(const __half* tile, int s, int /*rows*/, int cols) {
-    return descriptor(tile + 128 * s, kCoreBytes, cols / 8 * kCoreBytes, 0);
+    return descriptor(tile, 2 * 128 * s, kCoreBytes, cols / 8 * kCoreBytes, 0);
   }
 };
 
@@ -94,7 +100,7 @@ struct KMajor<Swizzle::k128B> {
   }
   // Tile 1024-byte aligned; cols a multiple of 64.
   __device__ static uint64_t product(const __half* tile, int s, int rows, int /*cols*/) {
-    return descriptor(tile + (s / 4) * rows * 64 + (s % 4) * 16, 16, 1024, 1);
+    return descriptor(tile, 2 * ((s / 4) * rows * 64 + (s % 4) * 16), 16, 1024, 1);
   }
 };
 
@@ -134,7 +140,7 @@ struct MnMajor128B {
   }
   // Product s: K rows 16 s .. 16 s + 15.
   __device__ static uint64_t product(const __half* tile, int s, int /*rows*/, int cols) {
-    return descriptor(tile + 16 * 64 * s, cols * 128, 1024, 1);
+    return descriptor(tile, 2 * 16 * 64 * s, cols * 128, 1024, 1);
   }
 };
 
@@ -147,7 +153,7 @@ struct MnMajorOfRows {
     return KMajor<Swizzle::kNone>::offset(k, n, cols, rows);
   }
   __device__ static uint64_t product(const __half* tile, int s, int rows, int /*cols*/) {
-    return descriptor(tile + 16 * rows * s, rows / 8 * kCoreBytes, kCoreBytes, 0);
+    return descriptor(tile, 2 * 16 * rows * s, rows / 8 * kCoreBytes, kCoreBytes, 0);
   }
 };
 

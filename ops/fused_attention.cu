@@ -75,8 +75,8 @@ __global__ void __launch_bounds__(kFwdThreads, ForwardLayout<Mma>::kMinCtasPerSm
   float acc[8][4] = {};
   copy_head_rows<kFwdThreads>(q_rows, b, h, q0, kFwdRows, sc.S, Qs, Layout::place());  // waited for with the first key tile
   const auto warp_row = [&](int r) { return 16 * warp + r; };
-  const auto e_pair = [&](int r, int col) {
-    return *reinterpret_cast<const float2*>(Es + warp_row(g + 8 * r) * kStride + col);
+  const auto e_pair = [&](int r, int nt) {
+    return *reinterpret_cast<const float2*>(Es + warp_row(g + 8 * r) * kStride + 8 * nt + 2 * t);
   };
   constexpr int kDBlocks = kD / 8;  // Q K^T's k blocks
   [[maybe_unused]] std::conditional_t<kHalf, mma::HeldA<Mma, kDBlocks>, char> q_held;

@@ -270,9 +270,7 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
   static_assert(kHalf || !kRead, "reading P and Pd: fp16 tiles (Fp16 or Fp16x3)");
   constexpr int kTs = Layout::kTileStride;
   extern __shared__ __align__(16) unsigned char smem_bytes[];
-  unsigned char* smem = smem_bytes;  // the layout's offsets count from a Layout::kAlign boundary
-  if constexpr (Layout::kAlign > 16)
-    smem += (Layout::kAlign - __cvta_generic_to_shared(smem_bytes) % Layout::kAlign) % Layout::kAlign;
+  unsigned char* smem = async::align_shared<Layout::kAlign>(smem_bytes);  // the layout's offsets count from here
   const auto at = [&](size_t offset) { return smem + offset; };
   Staged* Ks = reinterpret_cast<Staged*>(at(Layout::kK));     // [key][d]
   Staged* fragment_Ks = reinterpret_cast<Staged*>(at(Layout::kFragmentKeys));  // kFragmentOrderK: K in fragment order

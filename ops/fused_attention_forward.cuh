@@ -53,8 +53,8 @@ struct SoftmaxRows {
 
   // s (the tile's q . k products) <- its scores (attention_score: qk_scale
   // s + E + the key's terms, -inf for a masked key; rows past S, never
-  // stored, score the zero tiles), e_pair(r, col) giving E at row r's
-  // columns col and col + 1; then the running maxima moved to the tile's:
+  // stored, score the zero tiles), e_pair(r, nt) giving E at row r's
+  // columns 8 nt + 2 t and + 1; then the running maxima moved to the tile's:
   // correction[r] = e^(old max - new max) through the shifts (0 while
   // nothing is accumulated), l_run rescaled. Returns whether a row max of
   // the warp moved (else the accumulators need no rescale).
@@ -67,7 +67,7 @@ struct SoftmaxRows {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {  // row r's two columns: E and the terms as float2
         const int col = 8 * nt + 2 * t;
-        const float2 e = e_pair(r, col);
+        const float2 e = e_pair(r, nt);
         const float2 term = *reinterpret_cast<const float2*>(key_terms + terms_of[r] + col);
         float &x0 = s[nt][2 * r], &x1 = s[nt][2 * r + 1];
         x0 = fmaf(x0, qk_scale, e.x) + term.x;

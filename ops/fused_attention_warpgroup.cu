@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(kPairThreads, 2)
   using L = PairLayout;
   using KMajor = wgmma::KMajor<wgmma::Swizzle::k128B>;
   extern __shared__ unsigned char raw[];
-  unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
+  unsigned char* smem = async::align_shared<1024>(raw);
   const ScoreArgs& sc = p.sc;
   const int warpgroup = threadIdx.x / kWarpgroupThreads, thread = threadIdx.x % kWarpgroupThreads;
   const int warp = thread / 32, lane = thread % 32, g = lane >> 2, t = lane & 3;
@@ -151,8 +151,11 @@ __global__ void __launch_bounds__(kPairThreads, 2)
   wgmma::barrier_sync(kWarpgroupBarrier + warpgroup, kWarpgroupThreads);
 
   SoftmaxRows rows(sc, b, row_of, row_id, t);
-  const auto e_pair = [&](int r, int col) {
-    return *reinterpret_cast<const float2*>(bias + swizzled_bias_offset(16 * warp + g + 8 * r, col));
+  // Row g + 8 r's bias at columns 8 nt + 2 t: swizzled_bias_offset with its chunk (2 (nt % 4) + t / 2) ^ g
+  // split as 2 ((nt % 4) ^ (g / 2)) + ((t / 2) ^ (g % 2)), so that per nt only a box and one XOR remain.
+  const float* bias_row = bias + swizzled_bias_offset(16 * warp + g, 2 * t) - 8 * (g >> 1);
+  const auto e_pair = [&](int r, int nt) {
+    return *reinterpret_cast<const float2*>(bias_row + 8 * r * 32 + (nt / 4) * 64 * 32 + 8 * ((nt % 4) ^ (g >> 1)));
   };
   float acc[8][4] = {};
   uint32_t kept[4][4];  // the previous tile's kept P, the A fragment of P V's k-step s (keys 16 s ..)

@@ -27,6 +27,7 @@
 
 #include <type_traits>
 
+#include "core/async_copy.cuh"
 #include "core/cuda_context.h"
 #include "core/error.h"
 #include "core/tma.cuh"
@@ -81,7 +82,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   using B = Operand<kTransposeB>;   // B stored [depth][cols] unless transposed
   extern __shared__ unsigned char raw[];
   // The swizzled tiles need 1024-byte alignment; the barriers follow the stages.
-  __half* stages = reinterpret_cast<__half*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
+  __half* stages = reinterpret_cast<__half*>(async::align_shared<1024>(raw));
   uint64_t* full = reinterpret_cast<uint64_t*>(stages + kStages * kStageHalves);
   // blockIdx.x walks the columns: the CTAs resident at once share A's rows (read from DRAM about once).
   const int row0 = static_cast<int>(blockIdx.y) * kRows, col0 = static_cast<int>(blockIdx.x) * kCols;
