@@ -57,6 +57,8 @@ struct SettingOff {
 using CublasSplitProducts = SettingOff<tg::cuda::enable_warpgroup_gemm>;
 // linear_to_fp16 through the float product and to_fp16 (the path its fp16 GEMM replaced).
 using FloatProductCopies = SettingOff<tg::cuda::enable_fp16_product_output>;
+// The fused attention on its mma.sync kernels where the warpgroup-MMA ones would run (compute capability 9.0).
+using MmaSyncAttention = SettingOff<tg::cuda::enable_warpgroup_attention>;
 
 // max over elements of |gpu - cpu| / (atol + rtol |cpu|): <= 1 passes. NaN fails.
 inline double parity_error(const tg::Tensor& gpu, const tg::Tensor& cpu, Tolerance tol) {

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -97,9 +98,8 @@ void check_near_fp32(const Gradients& highest, const Gradients& ref32, const Gra
 std::vector<std::pair<std::string, Gradients>> by_kernel(const std::function<Gradients()>& run) {
   std::vector<std::pair<std::string, Gradients>> out;
   if (tgtest::on_sm90()) out.emplace_back("warpgroup", run());
-  tg::cuda::enable_warpgroup_attention(false);
+  const MmaSyncAttention mma_sync;
   out.emplace_back("mma.sync", run());
-  tg::cuda::enable_warpgroup_attention(true);
   return out;
 }
 std::vector<std::pair<std::string, Gradients>> by_kernel(const BackwardInputs& in, double scale, double p,
@@ -416,13 +416,12 @@ TEST_CASE("fused/benchmark interface: fp16 scales follow each operand's magnitud
     CAPTURE(std::string(name));
     check_power_of_two_scaling(in, scale, s, precision);
   }
-  tg::cuda::enable_warpgroup_attention(false);  // the mma.sync kernels too (on compute capability 9.0)
+  const MmaSyncAttention mma_sync;  // the mma.sync kernels too (on compute capability 9.0)
   for (const auto& [name, precision] : {std::pair{"high on mma.sync", tg::MatmulPrecision::High},
                                         std::pair{"highest on mma.sync", tg::MatmulPrecision::Highest}}) {
     CAPTURE(std::string(name));
     check_power_of_two_scaling(in, scale, s, precision);
   }
-  tg::cuda::enable_warpgroup_attention(true);
 }
 
 // Dropout near 1: with p = 1 - 2^-21 and ten valid keys per row (P ~ 0.1), a
@@ -605,9 +604,7 @@ TEST_CASE("cuda/fused_attention: the warpgroup kernels match the mma.sync kernel
       return leaves;
     };
     // Per kernel: o, then the gradients of qkv, E, w_in, w_x; the node's o, then those of x, W, b, E, w_in, w_x.
-    std::vector<std::vector<tg::Tensor>> runs;
-    for (const bool warpgroup : {true, false}) {
-      tg::cuda::enable_warpgroup_attention(warpgroup);
+    const auto run = [&] {
       const std::vector<tg::Tensor> core = leaves_of({qkv, E, w_in, w_x});
       const tg::Tensor o = tg::fused_attention(core[0], e, a, core[1], core[2], core[3], c.H, drop);
       o.backward(dout);
@@ -619,9 +616,13 @@ TEST_CASE("cuda/fused_attention: the warpgroup kernels match the mma.sync kernel
       for (const tg::Tensor& t : core) r.push_back(t.grad());
       r.push_back(o_node);
       for (const tg::Tensor& t : node) r.push_back(t.grad());
-      runs.push_back(r);
+      return r;
+    };
+    std::vector<std::vector<tg::Tensor>> runs{run()};  // the warpgroup kernels, then the mma.sync ones
+    {
+      const MmaSyncAttention mma_sync;
+      runs.push_back(run());
     }
-    tg::cuda::enable_warpgroup_attention(true);
     // dE, dw_in and dw_x are sums of dS: at S = 1 every row's dS is the cancellation dP - Delta (rounding
     // noise on both sides), so there only the rest is compared. dw_in and dw_x are judged against the
     // summed terms' size, sum |dE|, not against their own, which cancels.
@@ -839,7 +840,8 @@ TEST_CASE("fused/qkv projection in the node at high: an expanded qkv bias gives 
 TEST_CASE("fused/backward kernels keep their planned CTAs per SM" * doctest::skip(kNoGpu)) {
   const bool hopper = tgtest::on_sm90();
   for (const bool warpgroup : {true, false}) {
-    tg::cuda::enable_warpgroup_attention(warpgroup);
+    std::optional<MmaSyncAttention> mma_sync;
+    if (!warpgroup) mma_sync.emplace();
     for (const auto precision : {tg::MatmulPrecision::High, tg::MatmulPrecision::Highest}) {
       for (const bool read : {true, false}) {
         CAPTURE(warpgroup);
@@ -853,7 +855,6 @@ TEST_CASE("fused/backward kernels keep their planned CTAs per SM" * doctest::ski
       }
     }
   }
-  tg::cuda::enable_warpgroup_attention(true);
 }
 #endif
 
