@@ -137,6 +137,14 @@ bool warpgroup_gemm_enabled();
 void enable_fp16_product_output(bool on);
 bool fp16_product_output_enabled();
 
+// Whether tapegrad's kernels may be dispatched while the kernel before them
+// finishes (programmatic dependent launch, compute capability 9.0; each
+// waits for that kernel's results: core/cuda_launch.cuh). On by default;
+// TG_OVERLAPPED_LAUNCH=0 starts with it off; off, every kernel waits for the
+// previous one to complete before it is dispatched (to compare the two).
+void enable_overlapped_launch(bool on);
+bool overlapped_launch_enabled();
+
 }  // namespace tg::cuda
 
 namespace tg {

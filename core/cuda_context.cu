@@ -226,6 +226,10 @@ bool sync_debug() { return sync_debug_flag; }
 
 namespace {
 std::atomic<bool> warpgroup_attention{true}, warpgroup_gemm{true}, fp16_product_output{true};
+std::atomic<bool> overlapped_launch{[] {
+  const char* env = std::getenv("TG_OVERLAPPED_LAUNCH");
+  return !(env && std::string(env) == "0");
+}()};
 }  // namespace
 void enable_warpgroup_attention(bool on) { warpgroup_attention = on; }
 bool warpgroup_attention_enabled() { return warpgroup_attention; }
@@ -233,6 +237,8 @@ void enable_warpgroup_gemm(bool on) { warpgroup_gemm = on; }
 bool warpgroup_gemm_enabled() { return warpgroup_gemm; }
 void enable_fp16_product_output(bool on) { fp16_product_output = on; }
 bool fp16_product_output_enabled() { return fp16_product_output; }
+void enable_overlapped_launch(bool on) { overlapped_launch = on; }
+bool overlapped_launch_enabled() { return overlapped_launch; }
 
 Context& context() {
   static Context ctx;

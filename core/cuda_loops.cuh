@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "core/cuda_context.h"
+#include "core/cuda_launch.cuh"
 #include "core/dispatch.h"
 #include "core/map_args.h"
 #include "core/pack.h"
@@ -21,6 +22,7 @@ inline int grid_for(int64_t work_items) {
 
 template <class F>
 __global__ void for_each_kernel(int64_t n, F f) {
+  after_previous_kernels();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     f(i);
 }
@@ -28,8 +30,7 @@ __global__ void for_each_kernel(int64_t n, F f) {
 template <class F>
 void for_each(const char* op, int64_t n, const F& f) {
   if (n == 0) return;
-  for_each_kernel<<<grid_for(n), kThreads, 0, stream()>>>(n, f);
-  check_launch(op);
+  launch(op, for_each_kernel<F>, grid_for(n), kThreads, 0, n, f);
 }
 
 // Loads operand k of elements i0 .. i0+V-1, which lie in one innermost row.
@@ -97,6 +98,7 @@ enum class MapPath { AllVector, Packed, Scalar };
 // The tail past the last whole pack, and the scalar path, go element by element.
 template <class T, int N, class F>
 __global__ void map_kernel(MapArgs<T, N> a, F f, MapPath path) {
+  after_previous_kernels();
   constexpr int V = 16 / sizeof(T);
   const int64_t tid = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
@@ -127,8 +129,7 @@ void map(const char* op, const MapArgs<T, N>& a, const F& f) {
   if (a.n == 0) return;
   const MapPath path = choose_path(a);
   const int64_t work = path == MapPath::Scalar ? a.n : a.n / (16 / sizeof(T)) + 1;
-  map_kernel<<<grid_for(work), kThreads, 0, stream()>>>(a, f, path);
-  check_launch(op);
+  launch(op, map_kernel<T, N, F>, grid_for(work), kThreads, 0, a, f, path);
 }
 
 }  // namespace tg::cuda

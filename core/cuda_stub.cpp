@@ -21,6 +21,8 @@ void enable_warpgroup_gemm(bool) { no_cuda_backend(); }
 bool warpgroup_gemm_enabled() { return false; }
 void enable_fp16_product_output(bool) { no_cuda_backend(); }
 bool fp16_product_output_enabled() { return false; }
+void enable_overlapped_launch(bool) { no_cuda_backend(); }
+bool overlapped_launch_enabled() { return false; }
 StreamGuard::StreamGuard(void*) : previous_(nullptr), had_previous_(false) { no_cuda_backend(); }
 StreamGuard::~StreamGuard() = default;
 struct Fork::Lane {};

@@ -13,6 +13,7 @@ namespace {
 template <class T>
 __global__ void edit_bias_backward_kernel(const T* g, const T* e, T* dE, T* within_rows, T* cross_rows,
                                           EditBiasDims d, bool vector) {
+  after_previous_kernels();
   const int64_t row = warp_row();
   if (row >= d.H * d.M) return;
   const int lane = static_cast<int>(threadIdx.x % 32);
@@ -45,10 +46,9 @@ void EditBiasKernels<Device::CUDA>::backward(const Tensor& g, const Tensor& e, c
   if (d.H * d.M == 0) return;
   const bool vector = edit_bias_quads_fit(d, g, dE);
   TG_DISPATCH_FLOAT(g.dtype(), T, [&] {
-    edit_bias_backward_kernel<<<row_blocks(d.H * d.M), 32 * kRowsPerBlock, 0, stream()>>>(
-        g.data<T>(), e.data<T>(), data_or_null<T>(dE), within_rows.data<T>(), cross_rows.data<T>(), d, vector);
+    launch("edit_bias_backward", edit_bias_backward_kernel<T>, row_blocks(d.H * d.M), 32 * kRowsPerBlock, 0, g.data<T>(),
+           e.data<T>(), data_or_null<T>(dE), within_rows.data<T>(), cross_rows.data<T>(), d, vector);
   });
-  check_launch("edit_bias_backward");
 }
 
 TG_INSTANTIATE_KERNELS(EditBiasKernels, Device::CUDA);

@@ -44,6 +44,7 @@ struct ForwardLayout : TileLayout<Mma> {
 
 template <class Mma>
 __global__ void __launch_bounds__(kFwdThreads, ForwardLayout<Mma>::kMinCtasPerSm) attention_forward_kernel(ForwardArgs p) {
+  after_previous_kernels();
   using Layout = ForwardLayout<Mma>;
   using Staged = typename Layout::Staged;
   constexpr bool kHalf = Layout::kHalf;
@@ -115,6 +116,7 @@ __global__ void __launch_bounds__(kFwdThreads, ForwardLayout<Mma>::kMinCtasPerSm
 // is (b, h), blockIdx.y a block of queries, a warp per query (no division
 // of a row index per row).
 __global__ void row_dot_kernel(const float* dout, const float* o, float* delta, int64_t S, int64_t H) {
+  after_previous_kernels();
   const int64_t bh = blockIdx.x, b = bh / H, h = bh - b * H;
   const int64_t i = int64_t(blockIdx.y) * kRowsPerBlock + threadIdx.x / 32;
   if (i >= S) return;
@@ -132,6 +134,7 @@ constexpr int kNoExponent = 63;  // the largest scale_exponent: a group of zeros
 
 // scratch: [0] the smallest exponent (int), [1] dq's largest finite |x|; db [n] zeroed.
 __global__ void reset_key_halves_kernel(float* scratch, float* db, int64_t n) {
+  after_previous_kernels();
   if (threadIdx.x == 0) {
     reinterpret_cast<int*>(scratch)[0] = kNoExponent;
     scratch[1] = 0.f;
@@ -152,6 +155,7 @@ __global__ void reset_key_halves_kernel(float* scratch, float* db, int64_t n) {
 constexpr int kRowsInFlight = 8, kRowGroups = 4;
 __global__ void __launch_bounds__(kRowGroups* kThreads)
     reduce_dq_kernel(const float4* dq, int64_t rows, int64_t row_quads, float* scratch, float* dbq) {
+  after_previous_kernels();
   const int group = threadIdx.x / kThreads, quad = threadIdx.x % kThreads;
   const int64_t c = blockIdx.x * int64_t(kThreads) + quad, step = int64_t(gridDim.y) * kRowGroups;
   float m = 0.f;
@@ -199,6 +203,7 @@ struct HalfJoin {
 // unless they fall into fp16's subnormals). Eight columns (16 bytes) per
 // step; e goes back to scratch[0] (every thread computes the same e).
 __global__ void join_half_qkv_kernel(const HalfJoin j) {
+  after_previous_kernels();
   const int64_t C = j.H * kD, chunks = 3 * C / 8;
   const int e = common_exponent(j.scratch);
   for (int64_t q = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; q < j.rows * chunks;
@@ -233,6 +238,7 @@ __global__ void join_half_qkv_kernel(const HalfJoin j) {
 
 // The scalars of the group {dqkv (at 2^e), then xw's matrices}, count in all.
 __global__ void half_qkv_scalars_kernel(const float* scratch, const float* xw, int count, float* out) {
+  after_previous_kernels();
   const int e = reinterpret_cast<const int*>(scratch)[0];
   write_fp16_group_scalars(
       out, 0, count, threadIdx.x, [&](int i) { return i == 0 ? ldexpf(1.f, -e) : fp16_inverse_scale(xw, i - 1); },
@@ -269,8 +275,7 @@ void launch_forward(const AttentionInputs& in, const Tensor& o, const Tensor& ls
   if constexpr (Layout::kHalf) args.half = qkv_half_operands(in);
   allow_shared_memory<attention_forward_kernel<Mma>>(Layout::kBytes, "fused_attention");
   const dim3 grid(static_cast<unsigned>((in.d.S + kFwdRows - 1) / kFwdRows), static_cast<unsigned>(in.d.B * in.d.H));
-  attention_forward_kernel<Mma><<<grid, kFwdThreads, Layout::kBytes, stream()>>>(args);
-  check_launch("fused_attention");
+  launch("fused_attention", attention_forward_kernel<Mma>, grid, kFwdThreads, Layout::kBytes, args);
 }
 
 // Whether the warpgroup-MMA kernels run: on a device of compute capability
@@ -334,9 +339,8 @@ void FusedAttentionKernels<Device::CUDA>::row_dot(const Tensor& dout, const Tens
   check_aligned("dout", dout, 8);
   check_aligned("o", o, 8);
   const dim3 grid(static_cast<unsigned>(d.B * d.H), row_blocks(d.S));
-  row_dot_kernel<<<grid, 32 * kRowsPerBlock, 0, stream()>>>(dout.data<float>(), o.data<float>(),
-                                                           delta.data<float>(), d.S, d.H);
-  check_launch("fused_attention (row dot)");
+  launch("fused_attention (row dot)", row_dot_kernel, grid, 32 * kRowsPerBlock, 0, dout.data<float>(), o.data<float>(),
+         delta.data<float>(), d.S, d.H);
 }
 
 namespace {
@@ -396,9 +400,8 @@ void FusedAttentionKernels<Device::CUDA>::backward(const AttentionInputs& in, co
 
 template <>
 void FusedAttentionKernels<Device::CUDA>::reset_key_halves(const HalfKeyGradients& kv) {
-  cuda::reset_key_halves_kernel<<<1, cuda::kThreads, 0, cuda::stream()>>>(kv.scratch.data<float>(),
-                                                                          kv.db.data<float>(), kv.db.numel());
-  cuda::check_launch("fused_attention_backward (fp16 keys)");
+  cuda::launch("fused_attention_backward (fp16 keys)", cuda::reset_key_halves_kernel, 1, cuda::kThreads, 0,
+               kv.scratch.data<float>(), kv.db.data<float>(), kv.db.numel());
 }
 
 template <>
@@ -416,10 +419,8 @@ void FusedAttentionKernels<Device::CUDA>::reduce_dq(const Tensor& dq, const Half
   const int64_t row_blocks =
       std::clamp<int64_t>(context().sm_count / column_blocks, 1, (rows + kRowGroups - 1) / kRowGroups);
   const dim3 grid(static_cast<unsigned>(column_blocks), static_cast<unsigned>(row_blocks));
-  reduce_dq_kernel<<<grid, kRowGroups * kThreads, 0, stream()>>>(reinterpret_cast<const float4*>(dq.data<float>()),
-                                                                  rows, row_quads, kv.scratch.data<float>(),
-                                                                  kv.db.data<float>());
-  check_launch("reduce_dq");
+  launch("reduce_dq", reduce_dq_kernel, grid, kRowGroups * kThreads, 0, reinterpret_cast<const float4*>(dq.data<float>()),
+         rows, row_quads, kv.scratch.data<float>(), kv.db.data<float>());
 }
 
 template <>
@@ -437,8 +438,7 @@ void FusedAttentionKernels<Device::CUDA>::join_half_qkv(const Tensor& dq, const 
                       reinterpret_cast<const int*>(kv.exponents.data<float>()), scratch,
                       reinterpret_cast<__half*>(dqkv_values.data<float>()), rows, d.S, d.H,
                       (d.S + kHalfKeyGroup - 1) / kHalfKeyGroup};
-  join_half_qkv_kernel<<<grid_for(rows * 3 * C / 8), kThreads, 0, stream()>>>(join);
-  check_launch("join_half_qkv");
+  launch("join_half_qkv", join_half_qkv_kernel, grid_for(rows * 3 * C / 8), kThreads, 0, join);
 }
 
 template <>
@@ -449,9 +449,8 @@ void FusedAttentionKernels<Device::CUDA>::half_qkv_scalars(const HalfKeyGradient
            xw.matrices.size(), " more matrices (at most ", kMaxFp16Group, " in all) into ", kFp16Scalars,
            " scalars (got ", scalars.numel(), ")");
   static_assert(kMaxFp16Group * kMaxFp16Group <= 32, "one warp writes the alphas");
-  cuda::half_qkv_scalars_kernel<<<1, 32, 0, cuda::stream()>>>(kv.scratch.data<float>(), xw.scalars.data<float>(),
-                                                              count, scalars.data<float>());
-  cuda::check_launch("half_qkv_scalars");
+  cuda::launch("half_qkv_scalars", cuda::half_qkv_scalars_kernel, 1, 32, 0, kv.scratch.data<float>(),
+               xw.scalars.data<float>(), count, scalars.data<float>());
 }
 
 template <>

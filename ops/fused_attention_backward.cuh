@@ -264,6 +264,7 @@ __device__ __forceinline__ void add_edit_bias_scalar_sums(double* dw_sums, doubl
 template <class Mma, bool kRead>
 __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtasPerSm)
     attention_backward_kernel(BackwardArgs p) {
+  after_previous_kernels();
   using Layout = BackwardLayout<Mma, kRead>;
   using Staged = typename Layout::Staged;
   constexpr bool kHalf = Layout::kHalf, kRowSums = kRead && Mma::kHighest;
@@ -557,6 +558,7 @@ __global__ void __launch_bounds__(kBwdThreads, BackwardLayout<Mma, kRead>::kCtas
 // which are sum_j dS e_j and sum_j dS (1 - e_j) with dS = P (dP - R).
 __global__ void finish_edit_bias_sums_kernel(const double* dw_sums, const double* row_sums, const float* e,
                                              float* dw_in, float* dw_x, int64_t B, int64_t H, int64_t S) {
+  after_previous_kernels();
   const int64_t h = blockIdx.x, rows = B * H * S;
   double in = 0, cross = 0;
   for (int64_t idx = threadIdx.x; row_sums && idx < B * S; idx += blockDim.x) {
@@ -586,10 +588,9 @@ void launch_finish_edit_bias_sums(const AttentionInputs& in, const AttentionGrad
   const AttentionDims d = in.d;
   if (d.H == 0) return;
   const double* values = sums.data<double>();
-  finish_edit_bias_sums_kernel<<<static_cast<unsigned>(d.H), 256, 0, stream()>>>(
-      row_sums ? nullptr : values, row_sums ? values : nullptr, in.edit_mask.data<float>(), g.dw_in.data<float>(),
-      g.dw_x.data<float>(), d.B, d.H, d.S);
-  check_launch("fused_attention_backward (edit-bias sums)");
+  launch("fused_attention_backward (edit-bias sums)", finish_edit_bias_sums_kernel, static_cast<unsigned>(d.H), 256, 0,
+         row_sums ? nullptr : values, row_sums ? values : nullptr, in.edit_mask.data<float>(), g.dw_in.data<float>(),
+         g.dw_x.data<float>(), d.B, d.H, d.S);
 }
 
 KeyHalves key_halves_args(const HalfKeyGradients& kv, const AttentionDims& d) {
@@ -714,8 +715,7 @@ void launch_backward(const AttentionInputs& in, const AttentionGradTensors& g) {
   if constexpr (Layout::kHalf) args.half = half_operands(in, g, kRead, Layout::kSplit);
   allow_shared_memory<attention_backward_kernel<Mma, kRead>>(Layout::kBytes, "fused_attention");
   const dim3 grid(static_cast<unsigned>(key_tiles * splits), static_cast<unsigned>(d.B * d.H));
-  attention_backward_kernel<Mma, kRead><<<grid, kBwdThreads, Layout::kBytes, stream()>>>(args);
-  check_launch("fused_attention_backward");
+  launch("fused_attention_backward", attention_backward_kernel<Mma, kRead>, grid, kBwdThreads, Layout::kBytes, args);
   if (sums && !given) launch_finish_edit_bias_sums(in, g, scratch, row_sums);
 }
 

@@ -74,6 +74,7 @@ __device__ __forceinline__ int swizzled_bias_offset(int r, int col) {
 
 __global__ void __launch_bounds__(kPairThreads, 2)
     attention_forward_warpgroup_kernel(const __grid_constant__ ForwardMaps maps, const ForwardArgs p) {
+  after_previous_kernels();
   using L = PairLayout;
   using KMajor = wgmma::KMajor<wgmma::Swizzle::k128B>;
   extern __shared__ unsigned char raw[];
@@ -244,8 +245,7 @@ void launch_forward_warpgroup(const AttentionInputs& in, const Tensor& o, const 
       tma::encode(in.edit_region_bias.data<float>(), CU_TENSOR_MAP_DATA_TYPE_FLOAT32, bias, op)};
   allow_shared_memory<attention_forward_warpgroup_kernel>(PairLayout::kBytes, op);
   const dim3 grid(static_cast<unsigned>((d.S + kPairRows - 1) / kPairRows), static_cast<unsigned>(d.B * d.H));
-  attention_forward_warpgroup_kernel<<<grid, kPairThreads, PairLayout::kBytes, stream()>>>(maps, args);
-  check_launch(op);
+  launch(op, attention_forward_warpgroup_kernel, grid, kPairThreads, PairLayout::kBytes, maps, args);
 }
 
 void launch_backward_warpgroup(const AttentionInputs& in, const AttentionGradTensors& g, MatmulPrecision precision,

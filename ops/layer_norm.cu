@@ -11,6 +11,7 @@ namespace {
 template <class T, int K>
 __global__ void layer_norm_forward_kernel(const T* x, const T* w, const T* b, T eps, T* y, T* mean, T* rstd,
                                           LayerNormDims d) {
+  after_previous_kernels();
   const int64_t row = warp_row();
   if (row >= d.rows) return;
   WarpRow<T, K> r{x + row * d.cols, d.cols, static_cast<int>(threadIdx.x % 32)};
@@ -33,6 +34,7 @@ __global__ void layer_norm_forward_kernel(const T* x, const T* w, const T* b, T 
 template <class T, int K>
 __global__ void layer_norm_backward_kernel(const T* x, const T* w, const T* mean, const T* rstd, const T* g, T* gx,
                                            LayerNormDims d) {
+  after_previous_kernels();
   const int64_t row = warp_row();
   if (row >= d.rows) return;
   const int lane = static_cast<int>(threadIdx.x % 32);
@@ -65,12 +67,11 @@ void LayerNormKernels<Device::CUDA>::forward(const Tensor& x, const Tensor& w, c
   TG_DISPATCH_FLOAT(x.dtype(), T, [&] {
     // K = 32 takes 125 registers here (2 blocks per SM): rows over 512 stream instead.
     with_row_registers<16>(d.cols, [&](auto k) {
-      layer_norm_forward_kernel<T, decltype(k)::value><<<row_blocks(d.rows), 32 * kRowsPerBlock, 0, stream()>>>(
-          x.data<T>(), data_or_null<T>(w), data_or_null<T>(b), static_cast<T>(eps), y.data<T>(), mean.data<T>(),
-          rstd.data<T>(), d);
+      launch("layer_norm", layer_norm_forward_kernel<T, decltype(k)::value>, row_blocks(d.rows), 32 * kRowsPerBlock, 0,
+             x.data<T>(), data_or_null<T>(w), data_or_null<T>(b), static_cast<T>(eps), y.data<T>(), mean.data<T>(),
+             rstd.data<T>(), d);
     });
   });
-  check_launch("layer_norm");
 }
 
 template <>
@@ -81,11 +82,11 @@ void LayerNormKernels<Device::CUDA>::backward(const Tensor& x, const Tensor& w, 
   if (d.rows == 0) return;
   if (gx.defined()) TG_DISPATCH_FLOAT(x.dtype(), T, [&] {
     with_row_registers(d.cols, [&](auto k) {
-      layer_norm_backward_kernel<T, decltype(k)::value><<<row_blocks(d.rows), 32 * kRowsPerBlock, 0, stream()>>>(
-          x.data<T>(), data_or_null<T>(w), mean.data<T>(), rstd.data<T>(), g.data<T>(), gx.data<T>(), d);
+      launch("layer_norm_backward", layer_norm_backward_kernel<T, decltype(k)::value>, row_blocks(d.rows),
+             32 * kRowsPerBlock, 0, x.data<T>(), data_or_null<T>(w), mean.data<T>(), rstd.data<T>(), g.data<T>(),
+             gx.data<T>(), d);
     });
   });
-  check_launch("layer_norm_backward");
   layer_norm_param_grad_with(Loop<Device::CUDA>{"layer_norm_backward"}, x, g, mean, rstd, dw, db, d);
 }
 

@@ -116,6 +116,7 @@ __device__ __forceinline__ float kept_scale(unsigned amax_bits, float first) {
 // stays in the kept window [2^8, 2^14) while it is under 32 times the sample's.
 static_assert(kFp16Samples <= 1024, "the sample kernel reads one element per thread");
 __global__ void __launch_bounds__(kFp16Samples) sample_scale_kernel(const __grid_constant__ Fp16Batch batch) {
+  after_previous_kernels();
   const int t = blockIdx.y;
   const int64_t n = batch.n[t];
   float m = 0.f;
@@ -221,6 +222,7 @@ __device__ float convert(const Fp16Batch& batch, int t, float scale) {
 // then one atomicMax per block).
 template <bool kLow, bool kDots>
 __global__ void to_fp16_kernel(const __grid_constant__ Fp16Batch batch) {
+  after_previous_kernels();
   const int t = blockIdx.y, slot = batch.first_slot + t;
   block_max_into(convert<kLow, kDots>(batch, t, batch.first_scale[slot]), &batch.amax[slot]);
 }
@@ -231,6 +233,7 @@ __global__ void to_fp16_kernel(const __grid_constant__ Fp16Batch batch) {
 // this part's matrices and of their pairs with the earlier parts' matrices.
 template <bool kLow>
 __global__ void rescale_fp16_kernel(const __grid_constant__ Fp16Batch batch) {
+  after_previous_kernels();
   const auto scale = [&](int i) { return kept_scale(batch.amax[i], batch.first_scale[i]); };
   const int t = blockIdx.y, slot = batch.first_slot + t;
   if (blockIdx.x == 0 && t == 0)
@@ -310,6 +313,7 @@ __device__ float first_product_scale(const HalfProduct& p, float sample, float2 
 // into the scratch; the last block done takes the first scale, the GEMM's
 // alpha and the scaled bias.
 __global__ void sample_product_kernel(const HalfProduct p) {
+  after_previous_kernels();
   const int lane = threadIdx.x % 32;
   const int64_t warps = int64_t(gridDim.x) * blockDim.x / 32;
   const int64_t warp = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
@@ -354,6 +358,7 @@ __global__ void sample_product_kernel(const HalfProduct p) {
 
 // Step 3 (after the GEMM): y's largest finite |y| 2^e into kProductAmax.
 __global__ void product_amax_kernel(const HalfProduct p) {
+  after_previous_kernels();
   const int64_t count = p.n * p.m, step = int64_t(gridDim.x) * blockDim.x;
   float m = 0.f;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; 2 * i < count; i += step) {
@@ -369,6 +374,7 @@ __global__ void product_amax_kernel(const HalfProduct p) {
 // but where values enter or leave fp16's subnormals), and block 0 writes the
 // group's scalars.
 __global__ void finish_product_kernel(const HalfProduct p) {
+  after_previous_kernels();
   const float first = p.y[kProductScale];
   const float amax = __uint_as_float(reinterpret_cast<const unsigned*>(p.y)[kProductAmax]) / first;
   const float kept = kept_scale(__float_as_uint(amax), first);
@@ -452,24 +458,22 @@ void GemmKernels<Device::CUDA>::to_fp16(const std::vector<Tensor>& xs, const std
     largest = std::max(largest, batch.n[t]);
   }
   const int quads = grid_for((largest + 3) / 4);
-  sample_scale_kernel<<<dim3(1, count), kFp16Samples, 0, stream()>>>(batch);  // one load per thread
-  check_launch("to_fp16 (sample)");
+  launch("to_fp16 (sample)", sample_scale_kernel, dim3(1, count), kFp16Samples, 0, batch);  // one load per thread
   const bool with_dots = dots.out.defined();
   if (with_dots) {
     batch.dot_other = dots.other.data<float>();
     batch.dot_out = dots.out.data<float>();
     batch.dot_seq = dots.seq_len;
   }
-  const auto launch = [&](auto low) {
+  const auto convert_and_rescale = [&](auto low) {
     const dim3 grid(std::min(quads, 8 * context().sm_count), count);
-    if (with_dots) to_fp16_kernel<low.value, true><<<grid, kThreads, 0, stream()>>>(batch);
-    else to_fp16_kernel<low.value, false><<<grid, kThreads, 0, stream()>>>(batch);
-    check_launch("to_fp16");
-    rescale_fp16_kernel<low.value><<<dim3(std::min(quads, 2 * context().sm_count), count), kThreads, 0, stream()>>>(batch);
-    check_launch("to_fp16 (rescale)");
+    launch("to_fp16", with_dots ? to_fp16_kernel<low.value, true> : to_fp16_kernel<low.value, false>, grid, kThreads, 0,
+           batch);
+    launch("to_fp16 (rescale)", rescale_fp16_kernel<low.value>, dim3(std::min(quads, 2 * context().sm_count), count),
+           kThreads, 0, batch);
   };
-  if (out.lows.empty()) launch(std::false_type{});
-  else launch(std::true_type{});
+  if (out.lows.empty()) convert_and_rescale(std::false_type{});
+  else convert_and_rescale(std::true_type{});
 }
 
 namespace cuda {
@@ -748,14 +752,11 @@ bool GemmKernels<Device::CUDA>::product_to_fp16(const Fp16Group& xw, const Tenso
   if (!product.algo) return false;
   const char* op = "linear_to_fp16";
   TG_CUDA_CHECK(cudaMemsetAsync(p.y, 0, kFp16Scalars * sizeof(float), stream()), op);
-  sample_product_kernel<<<std::min(grid_for(32 * (n + m)), 4 * context().sm_count), kThreads, 0, stream()>>>(p);
-  check_launch(op);
+  launch(op, sample_product_kernel, std::min(grid_for(32 * (n + m)), 4 * context().sm_count), kThreads, 0, p);
   if (!run_lt_product(product, x, w, p.y + kProductAlpha, p.y + kFp16Beta, p.values)) return false;
   const int blocks = std::min(grid_for((n * m + 1) / 2), 8 * context().sm_count);
-  product_amax_kernel<<<blocks, kThreads, 0, stream()>>>(p);
-  check_launch(op);
-  finish_product_kernel<<<std::min(blocks, 2 * context().sm_count), kThreads, 0, stream()>>>(p);
-  check_launch(op);
+  launch(op, product_amax_kernel, blocks, kThreads, 0, p);
+  launch(op, finish_product_kernel, std::min(blocks, 2 * context().sm_count), kThreads, 0, p);
   return true;
 }
 

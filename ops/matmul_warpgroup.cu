@@ -29,6 +29,7 @@
 
 #include "core/async_copy.cuh"
 #include "core/cuda_context.h"
+#include "core/cuda_launch.cuh"
 #include "core/error.h"
 #include "core/tma.cuh"
 #include "core/wgmma.cuh"
@@ -78,6 +79,7 @@ struct SplitGemmMaps {
 template <bool kTransposeA, bool kTransposeB>
 __global__ void __launch_bounds__(kThreads, 1)
     split_gemm_kernel(const __grid_constant__ SplitGemmMaps maps, const __grid_constant__ SplitGemm g) {
+  after_previous_kernels();
   using A = Operand<!kTransposeA>;  // A stored [rows][depth] unless transposed
   using B = Operand<kTransposeB>;   // B stored [depth][cols] unless transposed
   extern __shared__ unsigned char raw[];
@@ -159,7 +161,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 template <bool kTransposeA, bool kTransposeB>
-void launch(const SplitGemm& g, const char* op) {
+void launch_split_gemm(const SplitGemm& g, const char* op) {
   using A = Operand<!kTransposeA>;
   using B = Operand<kTransposeB>;
   const SplitGemmMaps maps{A::map(g.a_hi, g.rows, g.depth, op), A::map(g.a_lo, g.rows, g.depth, op),
@@ -168,8 +170,7 @@ void launch(const SplitGemm& g, const char* op) {
   allow_shared_memory<kernel>(kSharedBytes, op);
   const dim3 grid(static_cast<unsigned>(g.cols / kCols), static_cast<unsigned>((g.rows + kRows - 1) / kRows),
                   static_cast<unsigned>(g.splits));
-  kernel<<<grid, kThreads, kSharedBytes, stream()>>>(maps, g);
-  check_launch(op);
+  launch(op, kernel, grid, kThreads, kSharedBytes, maps, g);
 }
 
 }  // namespace
@@ -181,10 +182,10 @@ void launch_split_gemm_warpgroup(const SplitGemm& g) {
   const int64_t chunks = split_gemm_chunks(g.depth), per_split = split_gemm_chunks_per_stretch(chunks, g.splits);
   TG_CHECK(g.splits >= 1 && g.splits <= 65535 && (g.splits - 1) * per_split < chunks && (g.splits == 1 || g.partials),
            "split_gemm (internal): ", g.splits, " splits of ", chunks, " chunks leave one empty or have no partials");
-  if (!g.transpose_a && !g.transpose_b) launch<false, false>(g, op);
-  else if (!g.transpose_a) launch<false, true>(g, op);
-  else if (!g.transpose_b) launch<true, false>(g, op);
-  else launch<true, true>(g, op);
+  if (!g.transpose_a && !g.transpose_b) launch_split_gemm<false, false>(g, op);
+  else if (!g.transpose_a) launch_split_gemm<false, true>(g, op);
+  else if (!g.transpose_b) launch_split_gemm<true, false>(g, op);
+  else launch_split_gemm<true, true>(g, op);
 }
 
 }  // namespace tg::cuda

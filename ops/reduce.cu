@@ -10,6 +10,7 @@ namespace {
 // block-wide shuffle reduction. chunks = 1 is one block per row.
 template <class T>
 __global__ void sum_segments_kernel(const T* x, T* out, int64_t rows, int64_t cols, int64_t chunks) {
+  after_previous_kernels();
   const int64_t piece = (cols + chunks - 1) / chunks;
   for (int64_t s = blockIdx.x; s < rows * chunks; s += gridDim.x) {
     const int64_t r = s / chunks, first = (s % chunks) * piece, last = min(cols, first + piece);
@@ -23,6 +24,7 @@ __global__ void sum_segments_kernel(const T* x, T* out, int64_t rows, int64_t co
 // Many short rows: one warp per row.
 template <class T>
 __global__ void sum_rows_warp_kernel(const T* x, T* out, int64_t rows, int64_t cols) {
+  after_previous_kernels();
   const int64_t r = warp_row();
   if (r >= rows) return;
   T acc = 0;
@@ -35,16 +37,15 @@ template <class T>
 void sum_rows_typed(const T* x, T* out, int64_t rows, int64_t cols) {
   const int64_t sms = context().sm_count;
   if (cols <= 1024) {
-    sum_rows_warp_kernel<<<row_blocks(rows), 32 * kRowsPerBlock, 0, stream()>>>(x, out, rows, cols);
+    launch("sum", sum_rows_warp_kernel<T>, row_blocks(rows), 32 * kRowsPerBlock, 0, x, out, rows, cols);
     return;
   }
   // Few long rows: split each into chunks (>= 4096 elements) so ~4 blocks run per SM, then sum the chunks.
   const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>((4 * sms + rows - 1) / rows, cols / 4096));
   const int blocks = static_cast<int>(std::min<int64_t>(rows * chunks, 65535));
   const Tensor partial = chunks > 1 ? empty({rows, chunks}, {dtype_of<T>(), Device::CUDA}) : Tensor();
-  sum_segments_kernel<<<blocks, 256, 0, stream()>>>(x, chunks > 1 ? partial.data<T>() : out, rows, cols, chunks);
+  launch("sum", sum_segments_kernel<T>, blocks, 256, 0, x, chunks > 1 ? partial.data<T>() : out, rows, cols, chunks);
   if (chunks == 1) return;
-  check_launch("sum");
   sum_rows_typed(partial.data<T>(), out, rows, chunks);
 }
 

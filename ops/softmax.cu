@@ -15,6 +15,7 @@ namespace {
 // is computed once.
 template <class T, int K>
 __global__ void softmax_forward_kernel(const T* x, T* y, int64_t rows, int64_t cols) {
+  after_previous_kernels();
   const int64_t row = warp_row();
   if (row >= rows) return;
   WarpRow<T, K> r{x + row * cols, cols, static_cast<int>(threadIdx.x % 32)};
@@ -32,6 +33,7 @@ __global__ void softmax_forward_kernel(const T* x, T* y, int64_t rows, int64_t c
 // gx = y * (g - sum(g * y)): a dot sweep, then a write sweep.
 template <class T, int K>
 __global__ void softmax_backward_kernel(const T* y, const T* g, T* gx, int64_t rows, int64_t cols) {
+  after_previous_kernels();
   const int64_t row = warp_row();
   if (row >= rows) return;
   const int lane = static_cast<int>(threadIdx.x % 32);
@@ -78,11 +80,10 @@ void SoftmaxKernels<Device::CUDA>::forward(const Tensor& x, const Tensor& y, int
   if (rows == 0) return;
   TG_DISPATCH_FLOAT(x.dtype(), T, [&] {
     with_row_registers(cols, [&](auto k) {
-      softmax_forward_kernel<T, decltype(k)::value>
-          <<<row_blocks(rows), 32 * kRowsPerBlock, 0, stream()>>>(x.data<T>(), y.data<T>(), rows, cols);
+      launch("softmax", softmax_forward_kernel<T, decltype(k)::value>, row_blocks(rows), 32 * kRowsPerBlock, 0,
+             x.data<T>(), y.data<T>(), rows, cols);
     });
   });
-  check_launch("softmax");
 }
 
 template <>
@@ -92,11 +93,10 @@ void SoftmaxKernels<Device::CUDA>::backward(const Tensor& y, const Tensor& g, co
   if (rows == 0) return;
   TG_DISPATCH_FLOAT(y.dtype(), T, [&] {
     with_row_registers(cols, [&](auto k) {
-      softmax_backward_kernel<T, decltype(k)::value>
-          <<<row_blocks(rows), 32 * kRowsPerBlock, 0, stream()>>>(y.data<T>(), g.data<T>(), gx.data<T>(), rows, cols);
+      launch("softmax_backward", softmax_backward_kernel<T, decltype(k)::value>, row_blocks(rows), 32 * kRowsPerBlock,
+             0, y.data<T>(), g.data<T>(), gx.data<T>(), rows, cols);
     });
   });
-  check_launch("softmax_backward");
 }
 
 void cuda::softmax_forward_cudnn(const Tensor& x, const Tensor& y, int64_t rows, int64_t cols) {

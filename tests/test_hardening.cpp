@@ -3,7 +3,12 @@
 // gradient, and the numeric rules (NaN propagation, 0/1 masks, dtypes).
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "helpers.h"
 #include "ops/binary_mask.h"
@@ -205,4 +210,75 @@ TEST_CASE("numerics/+inf in a softmax row gives NaN; relu lets NaN through; drop
   CHECK(std::isnan(tg::relu(tg::from_vector({kNaN}, {1}, {tg::DType::Float64})).item()));
   CHECK(error_of([] { tg::dropout(tg::ones({2}), {0.0, std::nullopt, tg::from_vector({1, 7}, {2})}); }) ==
         "dropout: mask [2] must hold only 0 and 1; element 1 is 7");
+}
+
+// ---- sources
+
+namespace {
+// text without its // and /* */ comments (string literals in kernel sources hold neither).
+std::string without_comments(const std::string& text) {
+  std::string out;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text.compare(i, 2, "//") == 0) {
+      i = text.find('\n', i);
+      if (i == std::string::npos) break;
+    } else if (text.compare(i, 2, "/*") == 0) {
+      i = text.find("*/", i);
+      if (i == std::string::npos) break;
+      ++i;
+      continue;
+    }
+    out += text[i];
+  }
+  return out;
+}
+
+// The __global__ functions of `text` whose body does not begin with
+// after_previous_kernels(): each one's declaration, up to its body.
+std::vector<std::string> kernels_that_do_not_wait(const std::string& text) {
+  const std::string code = without_comments(text);
+  std::vector<std::string> missing;
+  for (size_t at = code.find("__global__"); at != std::string::npos; at = code.find("__global__", at + 1)) {
+    const size_t body = code.find('{', at);
+    const size_t first = code.find_first_not_of(" \t\r\n", body + 1);
+    const std::string start = code.substr(first, 40);
+    if (start.rfind("after_previous_kernels();", 0) != 0 && start.rfind("cuda::after_previous_kernels();", 0) != 0)
+      missing.push_back(code.substr(at, body - at));
+  }
+  return missing;
+}
+
+// How many __global__ functions `text` defines.
+int kernel_count(const std::string& text) {
+  const std::string code = without_comments(text);
+  int n = 0;
+  for (size_t at = code.find("__global__"); at != std::string::npos; at = code.find("__global__", at + 1)) ++n;
+  return n;
+}
+}  // namespace
+
+// core/cuda_launch.cuh: a kernel launched so that it overlaps the kernel
+// before it must wait for that kernel before it touches memory. Every
+// kernel of the library (ops/, core/) does, first thing, whichever way it is
+// launched. The check reads the sources; it is checked itself on a kernel
+// that waits and one that does not.
+TEST_CASE("sources/every library kernel waits for the kernels before it") {
+  CHECK(kernels_that_do_not_wait("template <class T>\n__global__ void k(T* x) {\n  // first\n"
+                                 "  after_previous_kernels();\n  x[0] = 1;\n}\n")
+            .empty());
+  CHECK(kernels_that_do_not_wait("__global__ void __launch_bounds__(128, 2) k(float* x) {\n  x[0] = 1;\n"
+                                 "  after_previous_kernels();\n}\n")
+            .size() == 1);
+  int kernels = 0;
+  for (const char* folder : {"ops", "core"})
+    for (const auto& entry : std::filesystem::directory_iterator(std::filesystem::path(TG_SOURCE_DIR) / folder)) {
+      const std::string ext = entry.path().extension().string();
+      if (ext != ".cu" && ext != ".cuh" && ext != ".h") continue;
+      std::ifstream file(entry.path());
+      const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+      kernels += kernel_count(text);
+      for (const std::string& kernel : kernels_that_do_not_wait(text))
+        FAIL_CHECK(entry.path().string() << ": a kernel that does not wait first: " << kernel);
+    }
+  CHECK(kernels >= 25);  // the sources were found
 }
