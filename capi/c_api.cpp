@@ -52,6 +52,7 @@ std::string replay_key(const float* const* in, float* const* out, float scale, f
   add(stream);
   add(tg::cuda::warpgroup_attention_enabled());  // which backward kernel the graph holds
   add(tg::cuda::warpgroup_gemm_enabled());        // and which split products ("highest")
+  add(tg::cuda::overlapped_launch_enabled());     // and whether its kernels overlap (captured into its edges)
   return key;
 }
 

@@ -140,8 +140,9 @@ bool fp16_product_output_enabled();
 // Whether tapegrad's kernels may be dispatched while the kernel before them
 // finishes (programmatic dependent launch, compute capability 9.0; each
 // waits for that kernel's results: core/cuda_launch.cuh). On by default;
-// TG_OVERLAPPED_LAUNCH=0 starts with it off; off, every kernel waits for the
-// previous one to complete before it is dispatched (to compare the two).
+// TG_OVERLAPPED_LAUNCH=0 starts with it off; off, every kernel launched
+// after the change is dispatched only once the previous one has completed
+// (to compare the two; the C API keeps a graph per setting).
 void enable_overlapped_launch(bool on);
 bool overlapped_launch_enabled();
 

@@ -5,7 +5,8 @@
 // sizes therefore finds every block it needs in the cache: a training step
 // does no cudaMalloc after the first. Reuse on the same stream is safe
 // without events: the stream orders the old user's kernels before the new
-// user's.
+// user's (with overlapped launches too: a kernel may start early, but every
+// thread waits for the kernels before it first, core/cuda_launch.cuh).
 #pragma once
 #include <cstddef>
 

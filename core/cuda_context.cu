@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <iterator>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "core/cuda.h"
@@ -292,6 +293,17 @@ void report_failure(cudaError_t status, const char* op, const char* call) {
 void report_failure(cublasStatus_t status, const char* op, const char* call) {
   if (status != CUBLAS_STATUS_SUCCESS)
     std::fprintf(stderr, "tapegrad: %s: %s failed: %s\n", op, call, cublasGetStatusName(status));
+}
+
+bool kernel_waits(const void* kernel, const char* op) {
+  static std::mutex mutex;
+  static std::unordered_map<const void*, bool> known;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto found = known.find(kernel);
+  if (found != known.end()) return found->second;
+  cudaFuncAttributes attributes{};
+  TG_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel), op);
+  return known[kernel] = attributes.ptxVersion >= 90;
 }
 
 void check_launch(const char* op) {

@@ -99,6 +99,13 @@ class HostScalar {
 // for the kernel so that a fault inside it is reported against `op`.
 void check_launch(const char* op);
 
+// Whether `kernel`'s code on this device was compiled for compute
+// capability 9.0 or later (cudaFuncGetAttributes' ptxVersion), so that its
+// after_previous_kernels() waits (core/cuda_launch.cuh). A build for earlier
+// architectures also runs on a 9.0 device, through the driver's JIT, and
+// there the wait is compiled out. Asked once per kernel.
+bool kernel_waits(const void* kernel, const char* op);
+
 // Raises kKernel's dynamic shared memory limit to `bytes` (above the 48 KiB
 // a launch gets without asking), once per kernel (not again inside a CUDA
 // graph capture of a later call).

@@ -28,10 +28,29 @@ inline int sm_count() {
   return 0;
 #endif
 }
+// Whether a kernel may start before the one before it completes
+// (core/cuda_launch.cuh): the setting on, compute capability 9.0 or later,
+// and not sync-debug mode (where every launch completes before the next).
+inline bool launches_overlap() {
+#ifdef TG_CUDA
+  return tg::cuda::overlapped_launch_enabled() && tg::cuda::context().major >= 9 && !tg::cuda::sync_debug();
+#else
+  return false;
+#endif
+}
 #ifdef TG_CUDA
 bool wgmma_supported();  // tests/wgmma_probe.cu: the device runs the warpgroup MMA probe's products
+// tests/launch_probe.cu: x[0 .. n) = value ~20 ms after a launch that lets
+// the next kernel start at once; out = x by a kernel launched through
+// tg::cuda::launch that does not wait for the kernel before it.
+void write_late(float* x, int64_t n, float value);
+void copy_without_waiting(const float* x, float* out, int64_t n);
+void launch_too_many_threads(const float* x, float* out, int64_t n);  // the copy with a block of 2048 threads
 #else
 inline bool wgmma_supported() { return false; }
+inline void write_late(float*, int64_t, float) {}
+inline void copy_without_waiting(const float*, float*, int64_t) {}
+inline void launch_too_many_threads(const float*, float*, int64_t) {}
 #endif
 
 // Sets the float32 matmul precision for a scope and restores the previous one.
@@ -59,6 +78,8 @@ using CublasSplitProducts = SettingOff<tg::cuda::enable_warpgroup_gemm>;
 using FloatProductCopies = SettingOff<tg::cuda::enable_fp16_product_output>;
 // The fused attention on its mma.sync kernels where the warpgroup-MMA ones would run (compute capability 9.0).
 using MmaSyncAttention = SettingOff<tg::cuda::enable_warpgroup_attention>;
+// Every kernel dispatched only once the kernel before it has completed.
+using SerialLaunches = SettingOff<tg::cuda::enable_overlapped_launch>;
 
 // max over elements of |gpu - cpu| / (atol + rtol |cpu|): <= 1 passes. NaN fails.
 inline double parity_error(const tg::Tensor& gpu, const tg::Tensor& cpu, Tolerance tol) {

@@ -1143,6 +1143,54 @@ TEST_CASE("cuda/sync debug mode reports a faulting kernel by the op that launche
 #endif
 }
 
+// core/cuda_launch.cuh on the device. A kernel that lets the next one start
+// at once and writes x (ones) with twos only ~20 ms later: a kernel launched
+// through tg::cuda::launch that does not wait reads the ones (the overlap is
+// real), unless launches do not overlap (the setting off, sync-debug mode, a
+// device before compute capability 9.0: it reads the twos); the library's
+// kernels launched after it (a fill and a map, a row reduction, a softmax,
+// a conversion to fp16) all read the twos. A launch that fails raises its
+// error against its op, once: the next op runs.
+TEST_CASE("cuda/launch: a kernel overlaps the one before it; the library's kernels wait for it" *
+          doctest::skip(kNoGpu)) {
+  const int64_t n = 4096;
+  const tg::TensorOptions cuda32{tg::DType::Float32, tg::Device::CUDA};
+  const auto late_twos = [&] {
+    tg::Tensor x = tg::ones({n}, cuda32);
+    tg::cuda::synchronize();
+    tgtest::write_late(x.data<float>(), n, 2.f);
+    return x;
+  };
+  // How many elements of x the copy without a wait saw as `value`.
+  const auto read_early = [&](double value) {
+    const tg::Tensor seen = tg::empty({n}, cuda32);  // first: its poison fill would wait for the late write
+    const tg::Tensor x = late_twos();
+    tgtest::copy_without_waiting(x.data<float>(), seen.data<float>(), n);
+    const std::vector<double> v = seen.cpu().to_vector();
+    return std::count(v.begin(), v.end(), value);
+  };
+  read_early(2.0);  // the copy's first launch loads its module, which may wait for the device (lazy loading)
+  CHECK(read_early(launches_overlap() ? 1.0 : 2.0) == n);
+  {
+    const SerialLaunches serial;
+    CHECK(read_early(2.0) == n);
+  }
+  CHECK(tg::mul(late_twos(), 3.0).cpu().to_vector() == std::vector<double>(size_t(n), 6.0));
+  CHECK(tg::sum(late_twos().view({64, 64}), {1}).cpu().to_vector() == std::vector<double>(64, 128.0));
+  CHECK(tg::softmax(late_twos().view({64, 64})).cpu().to_vector() == std::vector<double>(size_t(n), 1.0 / 64));
+  const tg::Fp16Group half = tg::to_fp16({late_twos().view({64, 64})});
+  CHECK(half.scalars.cpu().to_vector()[0] == std::ldexp(1.0, -14));  // alpha(0, 0) = 1 / s^2: the sample saw 2, s = 2^7
+  const tg::Tensor bits = half.matrices[0].values.cpu();
+  const auto* h = reinterpret_cast<const uint16_t*>(bits.data<float>());
+  CHECK(std::all_of(h, h + n, [](uint16_t v) { return v == 0x5C00; }));  // 2 s = 256 in fp16
+  const tg::Tensor x = tg::ones({n}, cuda32), out = tg::empty({n}, cuda32);
+  const std::string error =
+      error_of([&] { tgtest::launch_too_many_threads(x.data<float>(), out.data<float>(), n); });
+  INFO(error);
+  CHECK(contains(error, "launch probe (2048 threads): CUDA call cudaLaunchKernelEx failed: cudaErrorInvalidValue"));
+  CHECK(tg::add(x, x).cpu().to_vector() == std::vector<double>(size_t(n), 2.0));
+}
+
 // check_binary_mask's count on the device: the exact number of non-binary
 // elements (planted at random places among random 0/1 values, over many
 // blocks) added to its own slot of the counts, as the CPU counts them; and
