@@ -20,8 +20,10 @@
 #include "op_table.h"
 #include "ops/binary_mask.h"
 #include "ops/binary_mask_kernels.h"
+#include "ops/elementwise_kernels.h"
 #include "ops/foreach.h"
 #include "ops/matmul_kernels.h"
+#include "ops/reduce_kernels.h"
 #include "ops/untracked.h"
 
 using namespace tgtest;
@@ -1147,48 +1149,59 @@ TEST_CASE("cuda/sync debug mode reports a faulting kernel by the op that launche
 // at once and writes x (ones) with twos only ~20 ms later: a kernel launched
 // through tg::cuda::launch that does not wait reads the ones (the overlap is
 // real), unless launches do not overlap (the setting off, sync-debug mode, a
-// device before compute capability 9.0: it reads the twos); the library's
-// kernels launched after it (a fill and a map, a row reduction, a softmax,
-// a conversion to fp16) all read the twos. A launch that fails raises its
-// error against its op, once: the next op runs.
+// device before compute capability 9.0: it reads the twos). The library's
+// kernels launched right after it read the twos: a map, the row and column
+// sums (for_each's loop), and a conversion to fp16 (its sample kernel); their
+// outputs are allocated before, as an allocation's poison fill (a memset)
+// would wait for the writer itself (for_each_kernel without its wait fails
+// the column sums). A launch that fails raises its error against its op,
+// once: the next op runs.
 TEST_CASE("cuda/launch: a kernel overlaps the one before it; the library's kernels wait for it" *
           doctest::skip(kNoGpu)) {
   const int64_t n = 4096;
   const tg::TensorOptions cuda32{tg::DType::Float32, tg::Device::CUDA};
-  const auto late_twos = [&] {
-    tg::Tensor x = tg::ones({n}, cuda32);
+  const tg::Tensor x = tg::empty({64, 64}, cuda32), copy = tg::empty({64, 64}, cuda32), sums = tg::empty({64, 64}, cuda32),
+                   rows = tg::empty({64}, cuda32), columns = tg::empty({256}, cuda32);
+  const tg::Fp16Group half = tg::fp16_group({x});
+  // kernels run once first: a kernel's first launch loads its module, which
+  // may wait for the device (lazy loading), so it would not overlap.
+  const auto after_late_twos = [&](const auto& kernels) {
+    kernels();
+    tg::fill_into(x, 1.0);
     tg::cuda::synchronize();
     tgtest::write_late(x.data<float>(), n, 2.f);
-    return x;
+    kernels();
   };
-  // How many elements of x the copy without a wait saw as `value`.
-  const auto read_early = [&](double value) {
-    const tg::Tensor seen = tg::empty({n}, cuda32);  // first: its poison fill would wait for the late write
-    const tg::Tensor x = late_twos();
-    tgtest::copy_without_waiting(x.data<float>(), seen.data<float>(), n);
-    const std::vector<double> v = seen.cpu().to_vector();
+  const auto count = [](const tg::Tensor& t, double value) {
+    const std::vector<double> v = t.cpu().to_vector();
     return std::count(v.begin(), v.end(), value);
   };
-  read_early(2.0);  // the copy's first launch loads its module, which may wait for the device (lazy loading)
-  CHECK(read_early(launches_overlap() ? 1.0 : 2.0) == n);
+  const auto copy_early = [&] { tgtest::copy_without_waiting(x.data<float>(), copy.data<float>(), n); };
+  after_late_twos(copy_early);
+  CHECK(count(copy, launches_overlap() ? 1.0 : 2.0) == n);
   {
     const SerialLaunches serial;
-    CHECK(read_early(2.0) == n);
+    after_late_twos(copy_early);
+    CHECK(count(copy, 2.0) == n);
   }
-  CHECK(tg::mul(late_twos(), 3.0).cpu().to_vector() == std::vector<double>(size_t(n), 6.0));
-  CHECK(tg::sum(late_twos().view({64, 64}), {1}).cpu().to_vector() == std::vector<double>(64, 128.0));
-  CHECK(tg::softmax(late_twos().view({64, 64})).cpu().to_vector() == std::vector<double>(size_t(n), 1.0 / 64));
-  const tg::Fp16Group half = tg::to_fp16({late_twos().view({64, 64})});
+#ifdef TG_CUDA
+  after_late_twos([&] { tg::ElementwiseKernels<tg::Device::CUDA>::binary_forward(tg::BinaryOp::Add, x, x, sums); });
+  CHECK(count(sums, 4.0) == n);
+  after_late_twos([&] { tg::ReduceKernels<tg::Device::CUDA>::sum_rows(x, rows, 64, 64); });
+  CHECK(count(rows, 128.0) == 64);
+  after_late_twos([&] { tg::ReduceKernels<tg::Device::CUDA>::sum_columns(x, columns, 16, 256); });
+  CHECK(count(columns, 32.0) == 256);
+#endif
+  after_late_twos([&] { tg::convert_to_fp16({x}, half); });
   CHECK(half.scalars.cpu().to_vector()[0] == std::ldexp(1.0, -14));  // alpha(0, 0) = 1 / s^2: the sample saw 2, s = 2^7
   const tg::Tensor bits = half.matrices[0].values.cpu();
   const auto* h = reinterpret_cast<const uint16_t*>(bits.data<float>());
   CHECK(std::all_of(h, h + n, [](uint16_t v) { return v == 0x5C00; }));  // 2 s = 256 in fp16
-  const tg::Tensor x = tg::ones({n}, cuda32), out = tg::empty({n}, cuda32);
   const std::string error =
-      error_of([&] { tgtest::launch_too_many_threads(x.data<float>(), out.data<float>(), n); });
+      error_of([&] { tgtest::launch_too_many_threads(x.data<float>(), copy.data<float>(), n); });
   INFO(error);
   CHECK(contains(error, "launch probe (2048 threads): CUDA call cudaLaunchKernelEx failed: cudaErrorInvalidValue"));
-  CHECK(tg::add(x, x).cpu().to_vector() == std::vector<double>(size_t(n), 2.0));
+  CHECK(count(tg::add(x, x), 4.0) == n);
 }
 
 // check_binary_mask's count on the device: the exact number of non-binary
