@@ -19,7 +19,8 @@
 // begins so, and every launch in ops/ and core/ goes through launch() but
 // one that may not throw (the test "sources/every library kernel waits for
 // the kernels before it" reads the sources; "cuda/launch: ..." checks on the
-// device that a kernel overlaps its predecessor and that the library's wait).
+// device that a kernel overlaps its predecessor and that the library's
+// kernels wait for theirs).
 #pragma once
 #include <utility>
 
