@@ -5,13 +5,22 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <string>
 #include <vector>
 
 #include "tapegrad.h"
 
 namespace tgtest {
+
+// A file's whole contents (the test fails if it cannot be opened).
+inline std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  REQUIRE(in.is_open());
+  return {std::istreambuf_iterator<char>(in), {}};
+}
 
 inline tg::Tensor randn64(const tg::Shape& shape, bool requires_grad = true) {
   return tg::randn(shape, {tg::DType::Float64}).requires_grad_(requires_grad);

@@ -20,12 +20,6 @@ namespace {
 
 const tg::TensorOptions kF64{tg::DType::Float64};
 
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  REQUIRE(in.is_open());
-  return {std::istreambuf_iterator<char>(in), {}};
-}
-
 void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << bytes;

@@ -4,8 +4,6 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <limits>
 #include <string>
 #include <vector>
@@ -277,9 +275,7 @@ TEST_CASE("sources/every library kernel waits for the kernels before it") {
     for (const auto& entry :
          std::filesystem::recursive_directory_iterator(std::filesystem::path(TG_SOURCE_DIR) / folder)) {
       if (!entry.is_regular_file()) continue;
-      std::ifstream file(entry.path());
-      const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-      const KernelScan scan = scan_kernels(text);
+      const KernelScan scan = scan_kernels(read_bytes(entry.path().string()));
       kernels += scan.kernels;
       for (const std::string& kernel : scan.not_waiting)
         FAIL_CHECK(entry.path().string() << ": a kernel that does not wait first: " << kernel);
