@@ -19,11 +19,6 @@ constexpr std::size_t kSmallRound = 512;             // small blocks: multiples 
 constexpr std::size_t kLargeRound = 2 << 20;         // large blocks: multiples of 2 MiB
 constexpr std::size_t kLargeThreshold = 1 << 20;
 
-bool env_is_one(const char* name) {
-  const char* v = std::getenv(name);
-  return v && std::string(v) == "1";
-}
-
 std::size_t round_size(std::size_t n) {
   const std::size_t r = n < kLargeThreshold ? kSmallRound : kLargeRound;
   return (std::max<std::size_t>(n, 1) + r - 1) / r * r;
@@ -142,7 +137,7 @@ class CachingAllocator {
     return p;
   }
 
-  const bool caching_ = !env_is_one("TG_CUDA_NO_CACHING");
+  const bool caching_ = !env_is("TG_CUDA_NO_CACHING", "1");
   bool poison_ = false;
   std::mutex mutex_;
   std::unordered_map<Bucket, std::vector<void*>, BucketHash> free_;

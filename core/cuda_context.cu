@@ -13,11 +13,13 @@
 
 namespace tg::cuda {
 
+bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v && std::string(v) == value;
+}
+
 namespace {
-bool sync_debug_flag = [] {
-  const char* env = std::getenv("TG_CUDA_SYNC");
-  return env && std::string(env) == "1";
-}();
+bool sync_debug_flag = env_is("TG_CUDA_SYNC", "1");
 
 thread_local bool stream_override = false;
 thread_local cudaStream_t override_stream = nullptr;
@@ -227,10 +229,7 @@ bool sync_debug() { return sync_debug_flag; }
 
 namespace {
 std::atomic<bool> warpgroup_attention{true}, warpgroup_gemm{true}, fp16_product_output{true};
-std::atomic<bool> overlapped_launch{[] {
-  const char* env = std::getenv("TG_OVERLAPPED_LAUNCH");
-  return !(env && std::string(env) == "0");
-}()};
+std::atomic<bool> overlapped_launch{!env_is("TG_OVERLAPPED_LAUNCH", "0")};
 }  // namespace
 void enable_warpgroup_attention(bool on) { warpgroup_attention = on; }
 bool warpgroup_attention_enabled() { return warpgroup_attention; }

@@ -54,6 +54,10 @@ constexpr size_t kCublasWorkspace = size_t(32) << 20;
 cublasLtHandle_t cublas_lt();
 cudnnHandle_t cudnn();
 
+// Whether the environment variable `name` is set to exactly `value` (the
+// TG_* switches: TG_CUDA_SYNC, TG_CUDA_GRAPHS, TG_CUDA_NO_CACHING, TG_OVERLAPPED_LAUNCH).
+bool env_is(const char* name, const char* value);
+
 // True inside a Fork's side work, which must not allocate (the allocator checks).
 bool allocation_forbidden();
 

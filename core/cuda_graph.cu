@@ -1,6 +1,5 @@
 // GraphReplay (core/cuda.h): repeated calls replayed from a CUDA graph.
 #include <algorithm>
-#include <cstdlib>
 #include <mutex>
 #include <string>
 
@@ -31,10 +30,7 @@ int current_device() {
 }  // namespace
 
 bool graph_replay_enabled() {
-  static const bool off = [] {
-    const char* v = std::getenv("TG_CUDA_GRAPHS");
-    return v && std::string(v) == "0";
-  }();
+  static const bool off = env_is("TG_CUDA_GRAPHS", "0");
   return !off && caching_enabled() && !sync_debug();
 }
 

@@ -16,8 +16,8 @@
 // next kernel run beside an unfinished one. (Nor may a load be hoisted above
 // the wait: the library uses no __ldg or const __restrict__ pointers, whose
 // non-coherent loads the compiler may move.) Every kernel of the library
-// begins so, and every launch in ops/ and core/ goes through launch() but
-// one that may not throw (the test "sources/every library kernel waits for
+// begins so, and every launch in ops/ and core/ goes through launch() (the
+// test "sources/every library kernel waits for
 // the kernels before it" reads the sources; "cuda/launch: ..." checks on the
 // device that a kernel overlaps its predecessor and that the library's
 // kernels wait for theirs).

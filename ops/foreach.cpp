@@ -116,7 +116,7 @@ Tensor foreach_sum_of_squares(const std::vector<Tensor>& xs) {
   TG_DISPATCH_DEVICE(xs[0], ForeachKernels, square_sums, xs, partial);
   const Tensor total = empty({}, {DType::Float64, device});
   // The lanes' partials summed by the column sums' fixed tree (one column).
-  TG_DISPATCH_DEVICE(partial, ReduceKernels, sum_columns, partial, total, kSquareLanes, 1);
+  sum_columns_into(total.view({1}), partial.view({kSquareLanes, 1}), Tensor());
   return total;
 }
 

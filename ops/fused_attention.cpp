@@ -489,10 +489,9 @@ std::vector<Tensor> half_qkv_projection_backward(AttentionInputs& in, AttentionG
   Fp16Group group{{{dqkv_values, rows, 3 * C}}, empty({kFp16Scalars}, opts), {}};
   for (const Fp16Matrix& m : converted.matrices) group.matrices.push_back(m);
   TG_DISPATCH_DEVICE(dqkv_values, FusedAttentionKernels, half_qkv_scalars, kv, converted, group.scalars);
-  const int ix = 1, iw = needs[1] ? 2 : 1;  // group: dqkv, then x and w as converted
-  return {autograd::grad_if(needs[0], [&] { return gemm_fp16(group, 0, false, iw, false); }),  // dx = dqkv W
-          autograd::grad_if(needs[1], [&] { return gemm_fp16(group, 0, true, ix, false); }),   // dW = dqkv^T x
-          autograd::keep_if(needs[2], db)};
+  const int ix = needs[1] ? 1 : -1, iw = needs[0] ? (needs[1] ? 2 : 1) : -1;  // group: dqkv, then x and w as converted
+  auto [dx, dw] = projection_grads_fp16(group, iw, ix);  // dx = dqkv W, dW = dqkv^T x
+  return {std::move(dx), std::move(dw), autograd::keep_if(needs[2], db)};
 }
 
 }  // namespace

@@ -394,6 +394,22 @@ int split_gemm_stretches(int64_t rows, int64_t cols, int64_t depth, int64_t sms)
   return static_cast<int>(best);
 }
 
+std::pair<Tensor, Tensor> projection_grads_fp16(const Fp16Group& group, int iw, int ix) {
+  if (iw < 0 || ix < 0)
+    return {iw < 0 ? Tensor() : gemm_fp16(group, 0, false, iw, false),
+            ix < 0 ? Tensor() : gemm_fp16(group, 0, true, ix, false)};
+  const Fp16Matrix &g = group.matrices[0], &x = group.matrices[ix];
+  const TensorOptions opts{DType::Float32, g.values.device()};
+  const Tensor dw = empty({g.cols, x.cols}, opts);
+  const int64_t floats = gemm_fp16_workspace(group, 0, true, ix, false, dw);
+  const Tensor workspace = floats > 0 ? empty({floats}, opts) : Tensor();
+  cuda::Fork weight_grad(dw.is_cuda());
+  weight_grad.run([&] { gemm_fp16_into(group, 0, true, ix, false, dw, workspace); });
+  Tensor dx = gemm_fp16(group, 0, false, iw, false);
+  weight_grad.join();
+  return {std::move(dx), dw};
+}
+
 Fp16Group linear_to_fp16(const Tensor& x2, const Tensor& w, const Tensor& b) {
   const char* op = "linear_to_fp16";
   check_fp16_matrices(op, {x2, w});
@@ -423,19 +439,26 @@ Grads linear_backward(Tensor g2, const Tensor& x2, const Tensor& w, const GradMa
     return Grads{grad_if(needs[0], [&] { return matmul(g2, w, precision); }),
                  grad_if(needs[1], [&] { return matmul(g2.transpose(0, 1), x2, precision); }),
                  grad_if(needs[2], [&] { return sum(g2, {0}); })};  // column sums in g's own dtype, never TF32
-  // db from the float g; then g, W (for dx) and x (for dW) as needed,
-  // converted together, and the float g dropped before the products' outputs exist.
-  Tensor db = grad_if(needs[2], [&] { return sum(g2, {0}); });
+  // db, the float g's column sums, on a side stream beside the conversion of
+  // g, W (for dx) and x (for dW) as needed, converted together; the float g
+  // dropped after both, before the products' outputs exist.
+  const TensorOptions opts{g2.dtype(), g2.device()};
+  const int64_t scratch = needs[2] ? sum_columns_scratch(g2) : 0;
+  const Tensor db = needs[2] ? empty({g2.size(1)}, opts) : Tensor();
+  const Tensor db_scratch = scratch > 0 ? empty({scratch}, opts) : Tensor();
+  cuda::Fork bias_sums(needs[2] && g2.is_cuda());
+  if (needs[2]) bias_sums.run([&] { sum_columns_into(db, g2, db_scratch); });
   std::vector<Tensor> matrices{g2};
   const int iw = needs[0] ? int(matrices.size()) : -1;
   if (needs[0]) matrices.push_back(w);
   const int ix = needs[1] ? int(matrices.size()) : -1;
   if (needs[1]) matrices.push_back(x2);
   const Fp16Group group = needs[0] || needs[1] ? to_fp16(matrices) : Fp16Group{};
+  bias_sums.join();
   matrices.clear();
   g2 = Tensor();
-  return Grads{grad_if(needs[0], [&] { return gemm_fp16(group, 0, false, iw, false); }),   // dx = g W
-               grad_if(needs[1], [&] { return gemm_fp16(group, 0, true, ix, false); }), db};  // dW = g^T x
+  auto [dx, dw] = projection_grads_fp16(group, iw, ix);
+  return Grads{std::move(dx), std::move(dw), db};
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b, MatmulPrecision precision) {

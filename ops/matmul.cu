@@ -7,6 +7,7 @@
 #include <mutex>
 #include <optional>
 #include <type_traits>
+#include <utility>
 
 #include "core/cuda.h"
 #include "core/cuda_allocator.h"
@@ -17,6 +18,7 @@
 #include "core/fp16_scale.cuh"
 #include "ops/matmul_kernels.h"
 #include "ops/matmul_warpgroup.h"
+#include "ops/untracked.h"
 
 namespace tg::cuda {
 
@@ -356,16 +358,26 @@ __global__ void sample_product_kernel(const HalfProduct p) {
     p.scaled_bias[c] = __float2half_rn(p.bias[c] * first);
 }
 
-// Step 3 (after the GEMM): y's largest finite |y| 2^e into kProductAmax.
+// Step 3 (after the GEMM): y's largest finite |y| 2^e into kProductAmax,
+// eight values (16 bytes) a load. With one value pair a load the pass took
+// 26.5 us for the 8 x 1024 step's 48 MiB on an H100, with eight 19.6 us,
+// about its read bandwidth (bench/NOTES.md version 51).
 __global__ void product_amax_kernel(const HalfProduct p) {
   after_previous_kernels();
-  const int64_t count = p.n * p.m, step = int64_t(gridDim.x) * blockDim.x;
+  const int64_t count = p.n * p.m, octets = count / 8, step = int64_t(gridDim.x) * blockDim.x;
+  const int64_t first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   float m = 0.f;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; 2 * i < count; i += step) {
-    const float2 v = 2 * i + 1 < count ? __half22float2(reinterpret_cast<const __half2*>(p.values)[i])
-                                       : float2{__half2float(p.values[2 * i]), 0.f};
-    m = fmaxf(m, fmaxf(finite_abs(v.x), finite_abs(v.y)));
+#pragma unroll 4
+  for (int64_t i = first; i < octets; i += step) {
+    const uint4 v = reinterpret_cast<const uint4*>(p.values)[i];  // values: a float tensor's storage, 16-byte aligned
+    const __half2* pairs = reinterpret_cast<const __half2*>(&v);
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      const float2 f = __half22float2(pairs[t]);
+      m = fmaxf(m, fmaxf(finite_abs(f.x), finite_abs(f.y)));
+    }
   }
+  for (int64_t i = 8 * octets + first; i < count; i += step) m = fmaxf(m, finite_abs(__half2float(p.values[i])));
   block_max_into(m, reinterpret_cast<unsigned*>(p.y) + kProductAmax);
 }
 
@@ -751,14 +763,43 @@ bool GemmKernels<Device::CUDA>::product_to_fp16(const Fp16Group& xw, const Tenso
   describe_lt_product(product, x, false, w, true, n, m, k, p.scaled_bias, p.values, CUDA_R_16F);
   if (!product.algo) return false;
   const char* op = "linear_to_fp16";
-  TG_CUDA_CHECK(cudaMemsetAsync(p.y, 0, kFp16Scalars * sizeof(float), stream()), op);
+  fill_into(y.scalars, 0.0);  // a kernel, which overlaps its neighbours' launches (a memset would not)
   launch(op, sample_product_kernel, std::min(grid_for(32 * (n + m)), 4 * context().sm_count), kThreads, 0, p);
   if (!run_lt_product(product, x, w, p.y + kProductAlpha, p.y + kFp16Beta, p.values)) return false;
-  const int blocks = std::min(grid_for((n * m + 1) / 2), 8 * context().sm_count);
+  const int blocks = std::min(grid_for((n * m + 7) / 8), 8 * context().sm_count);
   launch(op, product_amax_kernel, blocks, kThreads, 0, p);
-  launch(op, finish_product_kernel, std::min(blocks, 2 * context().sm_count), kThreads, 0, p);
+  launch(op, finish_product_kernel, std::min(grid_for((n * m + 1) / 2), 2 * context().sm_count), kThreads, 0, p);
   return true;
 }
+
+namespace cuda {
+namespace {
+
+// cuBLAS takes alpha and beta from device memory while one lives. The handle
+// is shared: restore() returns it to host pointers, and so does the
+// destructor where an error leaves the scope first (reporting, not throwing).
+class DevicePointerMode {
+ public:
+  explicit DevicePointerMode(cublasHandle_t handle) : handle_(handle) {
+    TG_CUDA_CHECK(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_DEVICE), "gemm_fp16");
+  }
+  ~DevicePointerMode() {
+    if (handle_)
+      report_failure(cublasSetPointerMode(handle_, CUBLAS_POINTER_MODE_HOST), "gemm_fp16", "cublasSetPointerMode");
+  }
+  DevicePointerMode(const DevicePointerMode&) = delete;
+  DevicePointerMode& operator=(const DevicePointerMode&) = delete;
+  void restore() {
+    const cublasHandle_t handle = std::exchange(handle_, nullptr);
+    TG_CUDA_CHECK(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST), "gemm_fp16");
+  }
+
+ private:
+  cublasHandle_t handle_;
+};
+
+}  // namespace
+}  // namespace cuda
 
 template <>
 void GemmKernels<Device::CUDA>::gemm_fp16(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b,
@@ -776,7 +817,6 @@ void GemmKernels<Device::CUDA>::gemm_fp16(const Fp16Group& group, int a, bool tr
   const Tensor workspace = floats == 0 || given_workspace.defined()
                                ? given_workspace
                                : empty({floats}, {DType::Float32, Device::CUDA});
-  // Every pointer before the pointer mode changes: nothing below may throw until it is restored.
   const float *zero = group.scalars.data<float>() + kFp16Beta, *one = group.scalars.data<float>() + kFp16One;
   const HalfOperand a_hi{g.a_hi, A.cols}, b_hi{g.b_hi, B.cols}, a_lo{g.a_lo, A.cols}, b_lo{g.b_lo, B.cols};
   const float *alpha = g.alpha, *low_alpha = g.low_alpha;
@@ -797,12 +837,12 @@ void GemmKernels<Device::CUDA>::gemm_fp16(const Fp16Group& group, int a, bool tr
   const bool batched = batched_slices(g, split);
   float* slots = batched ? workspace.data<float>() : nullptr;
   cublasHandle_t handle = cublas();
-  TG_CUDA_CHECK(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_DEVICE), "gemm_fp16");
-  cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
+  DevicePointerMode device_scalars(handle);
   const auto product = [&](HalfOperand x, HalfOperand y, int64_t k0, int64_t k_len, const float* f, const float* beta,
                            float* to = nullptr, int count = 1) {
-    if (status == CUBLAS_STATUS_SUCCESS)
-      status = gemm_fp16_slice(handle, x, transpose_a, y, transpose_b, n, m, k0, k_len, f, beta, to ? to : out, count);
+    TG_CUDA_CHECK(
+        gemm_fp16_slice(handle, x, transpose_a, y, transpose_b, n, m, k0, k_len, f, beta, to ? to : out, count),
+        "gemm_fp16");
   };
   if (!split) {
     product(a_hi, b_hi, 0, k, alpha, zero);
@@ -821,17 +861,12 @@ void GemmKernels<Device::CUDA>::gemm_fp16(const Fp16Group& group, int a, bool tr
         const int64_t whole = k - last_k0 < kFp16SplitSlice ? count - 1 : count;  // slices of the full length
         if (whole > 0) product(a_hi, b_hi, k0, kFp16SplitSlice, alpha, zero, slots, static_cast<int>(whole));
         if (whole < count) product(a_hi, b_hi, last_k0, k - last_k0, alpha, zero, slots + whole * n * m);
-        if (status != CUBLAS_STATUS_SUCCESS) break;
-        // for_each's kernel without for_each's launch check, which may throw here: the check comes after the
-        // pointer mode is restored.
-        const AddSlices add{out, slots, static_cast<int>(count), n * m};
-        for_each_kernel<<<grid_for(n * m), kThreads, 0, stream()>>>(n * m, add);
+        for_each("gemm_fp16", n * m, AddSlices{out, slots, static_cast<int>(count), n * m});
       }
     }
   }
-  TG_CUDA_CHECK(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST), "gemm_fp16");  // before any throw: the handle is shared
-  TG_CUDA_CHECK(status, "gemm_fp16");
-  check_launch("gemm_fp16");
+  device_scalars.restore();
+  check_launch("gemm_fp16");  // in sync-debug mode, a fault in cuBLAS's kernels raised here
 }
 
 }  // namespace tg

@@ -186,6 +186,13 @@ int64_t gemm_fp16_workspace(const Fp16Group& group, int a, bool transpose_a, int
 Tensor gemm_fp16(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b,
                  const Tensor& bias = Tensor());
 
+// A projection's weight and input gradients from one fp16 group holding g =
+// dL/dy2 [rows, out] at slot 0, W [out, in] at iw and x2 [rows, in] at ix
+// (-1: not wanted): {dx2 = g W, dW = g^T x2}. Where both are wanted, dW runs
+// on a side stream beside dx (cuda::Fork; its output and workspace
+// allocated before).
+std::pair<Tensor, Tensor> projection_grads_fp16(const Fp16Group& group, int iw, int ix);
+
 // Untracked, CUDA: y2 = x2 W^T + b (x2 [rows, in], w [out, in] contiguous
 // float32, b [out] or undefined) as an fp16 group of one matrix, to_fp16's
 // format and scalars: x2 and W converted (to_fp16), then one cuBLASLt GEMM

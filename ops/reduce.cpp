@@ -63,7 +63,7 @@ Tensor sum_over(const Tensor& x, const std::vector<bool>& reduced, const Shape& 
     int64_t reduced_rows, kept_cols;
     const Tensor reduced_first = grouped_view(x, reduced, true, reduced_rows, kept_cols);
     if (reduced_first.is_contiguous() && kept_cols >= 32) {
-      TG_DISPATCH_DEVICE(x, ReduceKernels, sum_columns, reduced_first, out, reduced_rows, kept_cols);
+      sum_columns_into(out.view({kept_cols}), reduced_first.view({reduced_rows, kept_cols}), Tensor());
       return out;
     }
   }
@@ -81,6 +81,28 @@ Shape kept_shape(const Tensor& x, const std::vector<bool>& reduced, bool keepdim
 }
 
 }  // namespace
+
+int64_t sum_columns_scratch(const Tensor& x2) {
+  TG_CHECK(x2.dim() == 2, "sum_columns_scratch: x must be [rows, cols], got ", x2.shape());
+  return column_sums_scratch(x2.size(0), x2.size(1));
+}
+
+void sum_columns_into(const Tensor& out, const Tensor& x2, const Tensor& given_scratch) {
+  const char* op = "sum_columns_into";
+  TG_CHECK(x2.dim() == 2 && x2.is_contiguous(), op, ": x must be a contiguous [rows, cols], got ", x2.shape(),
+           x2.is_contiguous() ? "" : " (not contiguous)");
+  TG_CHECK(out.shape() == Shape{x2.size(1)} && out.is_contiguous(), op, ": out must be a contiguous [", x2.size(1),
+           "] for x ", x2.shape(), ", got ", out.shape());
+  check_same_dtype_device(op, x2, out);
+  const int64_t n = sum_columns_scratch(x2);
+  const Tensor scratch = given_scratch.defined() || n == 0 ? given_scratch : empty({n}, {x2.dtype(), x2.device()});
+  if (n > 0) {
+    check_same_dtype_device(op, x2, scratch);
+    TG_CHECK(scratch.is_contiguous() && scratch.numel() >= n, op, ": scratch must hold ", n,
+             " contiguous elements for x ", x2.shape(), ", got ", scratch.shape());
+  }
+  TG_DISPATCH_DEVICE(x2, ReduceKernels, sum_columns, x2, out, x2.size(0), x2.size(1), scratch);
+}
 
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   check_defined("sum", "x", x);

@@ -115,18 +115,22 @@ void batch_column_sums_with(const Loop& loop, const Value& value, int64_t B, int
 }
 
 // Kernels on a contiguous x viewed as [rows, cols]:
-// sum_rows: out[r] = sum_j x[r, j];  sum_columns: out[c] = sum_r x[r, c].
+// sum_rows: out[r] = sum_j x[r, j];  sum_columns: out[c] = sum_r x[r, c],
+// its partial sums in scratch (column_sums_scratch(rows, cols) elements of
+// x's dtype, undefined where that is 0), so that it allocates nothing.
 template <Device D>
 struct ReduceKernels {
   static void sum_rows(const Tensor& x, const Tensor& out, int64_t rows, int64_t cols);
-  static void sum_columns(const Tensor& x, const Tensor& out, int64_t rows, int64_t cols);
+  static void sum_columns(const Tensor& x, const Tensor& out, int64_t rows, int64_t cols, const Tensor& scratch);
 };
 TG_EXTERN_CUDA_KERNELS(ReduceKernels);
 
 template <Device D>
-void ReduceKernels<D>::sum_columns(const Tensor& x, const Tensor& out, int64_t rows, int64_t cols) {
+void ReduceKernels<D>::sum_columns(const Tensor& x, const Tensor& out, int64_t rows, int64_t cols,
+                                   const Tensor& scratch) {
   TG_DISPATCH_FLOAT(x.dtype(), T, [&] {
-    column_sums_into<T>(Loop<D>{"sum"}, ReadValue<T>{x.data<T>(), cols}, rows, cols, out.data<T>(), D);
+    column_sums_with<T>(Loop<D>{"sum"}, ReadValue<T>{x.data<T>(), cols}, rows, cols, out.data<T>(),
+                        scratch.defined() ? scratch.data<T>() : nullptr);
   });
 }
 

@@ -300,6 +300,16 @@ TEST_CASE("cuda/linear_to_fp16: the GEMM writes y's fp16 copy at to_fp16's scale
     cases.push_back({"an outlier only the bound keeps finite", tg::from_vector(x, {4096, 2}), tg::ones({64, 2}),
                      tg::Tensor(), 1, 0});
   }
+  {
+    // y's largest element alone, and last: past the amax pass's 16-byte loads
+    // (y has 4097 x 62 elements, 6 past the last whole 8). Missed, the kept
+    // scale would come from the 1.95s, 2^5 times the bound's: 1000 past fp16's range.
+    std::vector<double> x(4097 * 2, 0.975), w(62 * 2, 1.0);
+    x[4096 * 2] = x[4096 * 2 + 1] = 500;
+    for (int64_t j = 0; j < 61; ++j) w[size_t(2 * j + 1)] = -1;  // y 0 but in the last column: 1.95, and 1000 last
+    cases.push_back({"the largest element last, past the last whole 16 bytes", tg::from_vector(x, {4097, 2}),
+                     tg::from_vector(w, {62, 2}), tg::Tensor(), -1, 0});
+  }
   for (const Case& c : cases) {
     CAPTURE(std::string(c.name));
     const tg::Fp16Group y = tg::linear_to_fp16(c.x.cuda(), c.w.cuda(), c.b.defined() ? c.b.cuda() : c.b);
@@ -330,6 +340,7 @@ TEST_CASE("cuda/linear_to_fp16: the GEMM writes y's fp16 copy at to_fp16's scale
     const double first = sc[tg::kFp16Scratch + tg::kMaxFp16Group], alpha = sc[tg::kFp16Scratch + tg::kMaxFp16Group + 1];
     const bool epilogue = !std::isnan(alpha);
     if (c.epilogue >= 0) CHECK(epilogue == bool(c.epilogue));
+    else MESSAGE(c.name, ": cuBLASLt ", epilogue ? "took" : "refused", " the fp16 GEMM");
     if (epilogue) CHECK((s > first) - (s < first) == c.rescaled);
     if (stored_max == 0) {
       CHECK(s == 1.0);
@@ -1189,7 +1200,7 @@ TEST_CASE("cuda/launch: a kernel overlaps the one before it; the library's kerne
   CHECK(count(sums, 4.0) == n);
   after_late_twos([&] { tg::ReduceKernels<tg::Device::CUDA>::sum_rows(x, rows, 64, 64); });
   CHECK(count(rows, 128.0) == 64);
-  after_late_twos([&] { tg::ReduceKernels<tg::Device::CUDA>::sum_columns(x, columns, 16, 256); });
+  after_late_twos([&] { tg::ReduceKernels<tg::Device::CUDA>::sum_columns(x, columns, 16, 256, tg::Tensor()); });
   CHECK(count(columns, 32.0) == 256);
 #endif
   after_late_twos([&] { tg::convert_to_fp16({x}, half); });

@@ -408,6 +408,12 @@ TEST_CASE("forward/sum and mean against hand-computed values") {
                                                                   (8 + 9 + 10 + 11) + (20 + 21 + 22 + 23)});
   const tg::Tensor tall = tg::arange(130 * 40, {tg::DType::Float64}).view({130, 40});  // column-sum path: 3 chunks
   CHECK(tg::sum(tall, {0}).at({7}) == 130 * 7 + 40.0 * (129 * 130 / 2));
+  // the column-sum path with kept dims of more than one axis, and kept as ones
+  const tg::Tensor deep = tg::arange(50 * 4 * 10, {tg::DType::Float64}).view({50, 4, 10});  // 40 i + 10 j + k
+  const tg::Tensor kept = tg::sum(deep, {0}, true);
+  CHECK(kept.shape() == tg::Shape{1, 4, 10});
+  CHECK(kept.at({0, 2, 3}) == 50 * 23 + 40.0 * (49 * 50 / 2));
+  CHECK(tg::sum(deep, {0}).at({3, 9}) == 50 * 39 + 40.0 * (49 * 50 / 2));
 }
 
 TEST_CASE("forward/softmax") {

@@ -232,15 +232,17 @@ std::string without_comments(const std::string& text) {
 }
 
 // The __global__ functions `text` defines (declarations without a body are
-// skipped), and the declarations, up to the body, of those whose body does
-// not begin with after_previous_kernels().
+// skipped), the declarations, up to the body, of those whose body does
+// not begin with after_previous_kernels(), and the <<< launches in its code.
 struct KernelScan {
   int kernels = 0;
   std::vector<std::string> not_waiting;
+  int chevron_launches = 0;
 };
 KernelScan scan_kernels(const std::string& text) {
   const std::string code = without_comments(text);
   KernelScan scan;
+  for (size_t at = code.find("<<<"); at != std::string::npos; at = code.find("<<<", at + 3)) ++scan.chevron_launches;
   for (size_t at = code.find("__global__"); at != std::string::npos; at = code.find("__global__", at + 1)) {
     const size_t body = code.find_first_of("{;", at);
     if (body == std::string::npos || code[body] == ';') continue;
@@ -256,10 +258,11 @@ KernelScan scan_kernels(const std::string& text) {
 // core/cuda_launch.cuh: a kernel launched so that it overlaps the kernel
 // before it must wait for that kernel, in every thread, before anything
 // else. Every kernel of the library (every file under ops/ and core/) does,
-// whichever way it is launched. The check reads the sources (comments
-// dropped; a macro that defines a kernel, or a wait inside #if, would fool
-// it: there are none); it is checked itself on a kernel that waits (with a
-// declaration before it) and one that may return first.
+// and every launch there goes through launch() (no <<<...>>> in code). The
+// check reads the sources (comments dropped; a macro that defines or
+// launches a kernel, or a wait inside #if, would fool it: there are none);
+// it is checked itself on a kernel that waits (with a declaration before
+// it), one that may return first, and a launch.
 TEST_CASE("sources/every library kernel waits for the kernels before it") {
   const KernelScan good = scan_kernels(
       "template <class T>\n__global__ void k(T* x);\n__global__ void k(T* x) {\n  // first\n"
@@ -270,6 +273,8 @@ TEST_CASE("sources/every library kernel waits for the kernels before it") {
       "__global__ void __launch_bounds__(128, 2) k(float* x) {\n  if (x) return;\n  after_previous_kernels();\n}\n");
   CHECK(bad.kernels == 1);
   CHECK(bad.not_waiting.size() == 1);
+  CHECK(bad.chevron_launches == 0);
+  CHECK(scan_kernels("// k<<<1, 32>>>(x);\nvoid f(float* x) { k<<<1, 32>>>(x); }\n").chevron_launches == 1);
   for (const char* folder : {"ops", "core"}) {
     int kernels = 0;
     for (const auto& entry :
@@ -279,6 +284,8 @@ TEST_CASE("sources/every library kernel waits for the kernels before it") {
       kernels += scan.kernels;
       for (const std::string& kernel : scan.not_waiting)
         FAIL_CHECK(entry.path().string() << ": a kernel that does not wait first: " << kernel);
+      if (scan.chevron_launches > 0)
+        FAIL_CHECK(entry.path().string() << ": " << scan.chevron_launches << " launch(es) with <<<...>>>, not launch()");
     }
     CAPTURE(folder);
     CHECK(kernels > 0);  // the sources were found
