@@ -17,10 +17,9 @@
 // the wait: the library uses no __ldg or const __restrict__ pointers, whose
 // non-coherent loads the compiler may move.) Every kernel of the library
 // begins so, and every launch in ops/ and core/ goes through launch() (the
-// test "sources/every library kernel waits for
-// the kernels before it" reads the sources; "cuda/launch: ..." checks on the
-// device that a kernel overlaps its predecessor and that the library's
-// kernels wait for theirs).
+// test "sources/every library kernel waits for the kernels before it" reads
+// the sources; "cuda/launch: ..." checks on the device that a kernel
+// overlaps its predecessor and that the library's kernels wait for theirs).
 #pragma once
 #include <utility>
 

@@ -395,6 +395,9 @@ int split_gemm_stretches(int64_t rows, int64_t cols, int64_t depth, int64_t sms)
 }
 
 std::pair<Tensor, Tensor> projection_grads_fp16(const Fp16Group& group, int iw, int ix) {
+  const int n = int(group.matrices.size());
+  TG_CHECK(n > 0 && iw < n && ix < n, "projection_grads_fp16: slots ", iw, " (W) and ", ix, " (x) in a group of ", n,
+           " matrices");
   if (iw < 0 || ix < 0)
     return {iw < 0 ? Tensor() : gemm_fp16(group, 0, false, iw, false),
             ix < 0 ? Tensor() : gemm_fp16(group, 0, true, ix, false)};
@@ -445,7 +448,7 @@ Grads linear_backward(Tensor g2, const Tensor& x2, const Tensor& w, const GradMa
   const TensorOptions opts{g2.dtype(), g2.device()};
   const int64_t scratch = needs[2] ? sum_columns_scratch(g2) : 0;
   const Tensor db = needs[2] ? empty({g2.size(1)}, opts) : Tensor();
-  const Tensor db_scratch = scratch > 0 ? empty({scratch}, opts) : Tensor();
+  Tensor db_scratch = scratch > 0 ? empty({scratch}, opts) : Tensor();
   cuda::Fork bias_sums(needs[2] && g2.is_cuda());
   if (needs[2]) bias_sums.run([&] { sum_columns_into(db, g2, db_scratch); });
   std::vector<Tensor> matrices{g2};
@@ -456,7 +459,7 @@ Grads linear_backward(Tensor g2, const Tensor& x2, const Tensor& w, const GradMa
   const Fp16Group group = needs[0] || needs[1] ? to_fp16(matrices) : Fp16Group{};
   bias_sums.join();
   matrices.clear();
-  g2 = Tensor();
+  g2 = db_scratch = Tensor();
   auto [dx, dw] = projection_grads_fp16(group, iw, ix);
   return Grads{std::move(dx), std::move(dw), db};
 }

@@ -753,7 +753,9 @@ bool GemmKernels<Device::CUDA>::product_to_fp16(const Fp16Group& xw, const Tenso
   using namespace cuda;
   const HalfOperand x = half_operand(xw.matrices[0]), w = half_operand(xw.matrices[1]);
   const int64_t n = xw.matrices[0].rows, m = xw.matrices[1].rows, k = x.cols;
-  if (!fp16_product_output_enabled() || !xw.lows.empty() || n == 0 || !lt_epilogue_takes(n, m, k)) return false;
+  if (!fp16_product_output_enabled() || !xw.lows.empty() || n == 0 || !lt_epilogue_takes(n, m, k) ||
+      !aligned16(y.matrices[0].values.raw_data()))  // product_amax_kernel's 16-byte loads
+    return false;
   const Tensor scaled_bias = bias.defined() ? empty({(m + 1) / 2}, {DType::Float32, Device::CUDA}) : Tensor();
   const HalfProduct p{x.values, w.values, bias.defined() ? bias.data<float>() : nullptr, xw.scalars.data<float>(),
                       y.scalars.data<float>(),

@@ -301,14 +301,23 @@ TEST_CASE("cuda/linear_to_fp16: the GEMM writes y's fp16 copy at to_fp16's scale
                      tg::Tensor(), 1, 0});
   }
   {
-    // y's largest element alone, and last: past the amax pass's 16-byte loads
-    // (y has 4097 x 62 elements, 6 past the last whole 8). Missed, the kept
-    // scale would come from the 1.95s, 2^5 times the bound's: 1000 past fp16's range.
-    std::vector<double> x(4097 * 2, 0.975), w(62 * 2, 1.0);
-    x[4096 * 2] = x[4096 * 2 + 1] = 500;
-    for (int64_t j = 0; j < 61; ++j) w[size_t(2 * j + 1)] = -1;  // y 0 but in the last column: 1.95, and 1000 last
-    cases.push_back({"the largest element last, past the last whole 16 bytes", tg::from_vector(x, {4097, 2}),
-                     tg::from_vector(w, {62, 2}), tg::Tensor(), -1, 0});
+    // y's largest element alone, where the amax pass reads it: y is 0 but in
+    // its last column, 1.95 there, and 1000 at (r, m - 1) of a row r of (500,
+    // 500). Missed, the kept scale would come from the 1.95s, 2^5 times the
+    // bound's: 1000 past fp16's range. With 4096 x 64 elements, (r, 63) is the
+    // last of its 16-byte load's eight; with 4097 x 62 (and r the last row),
+    // the last element, 6 past the last whole 16 bytes.
+    const auto alone = [](int64_t n, int64_t m, int64_t r) {
+      std::vector<double> x(size_t(n * 2), 0.975), w(size_t(m * 2), 1.0);
+      x[size_t(2 * r)] = x[size_t(2 * r + 1)] = 500;
+      for (int64_t j = 0; j + 1 < m; ++j) w[size_t(2 * j + 1)] = -1;
+      return std::pair{tg::from_vector(x, {n, 2}), tg::from_vector(w, {m, 2})};
+    };
+    const auto [x8, w8] = alone(4096, 64, unsampled_row(4096, 64));
+    cases.push_back({"the largest element alone, the last of its 16 bytes", x8, w8, tg::Tensor(), 1, 0});
+    const auto [x_tail, w_tail] = alone(4097, 62, 4096);
+    cases.push_back({"the largest element alone and last, past the last whole 16 bytes", x_tail, w_tail, tg::Tensor(),
+                     -1, 0});
   }
   for (const Case& c : cases) {
     CAPTURE(std::string(c.name));
@@ -340,7 +349,7 @@ TEST_CASE("cuda/linear_to_fp16: the GEMM writes y's fp16 copy at to_fp16's scale
     const double first = sc[tg::kFp16Scratch + tg::kMaxFp16Group], alpha = sc[tg::kFp16Scratch + tg::kMaxFp16Group + 1];
     const bool epilogue = !std::isnan(alpha);
     if (c.epilogue >= 0) CHECK(epilogue == bool(c.epilogue));
-    else MESSAGE(c.name, ": cuBLASLt ", epilogue ? "took" : "refused", " the fp16 GEMM");
+    else MESSAGE(std::string(c.name) << ": cuBLASLt " << (epilogue ? "took" : "refused") << " the fp16 GEMM");
     if (epilogue) CHECK((s > first) - (s < first) == c.rescaled);
     if (stored_max == 0) {
       CHECK(s == 1.0);

@@ -1,6 +1,7 @@
 // Bad input gives a tg::Error naming the op, the argument and the shapes.
 #include "helpers.h"
 #include "ops/matmul_kernels.h"
+#include "ops/untracked.h"
 
 using namespace tgtest;
 
@@ -10,6 +11,19 @@ TEST_CASE("errors/matmul inner dimension") {
   CHECK(contains(error_of([] { tg::matmul(tg::zeros({3}), tg::zeros({3, 2})); }), "must both have at least 2 dims"));
   CHECK(contains(error_of([] { tg::matmul(tg::zeros({2, 2, 3}), tg::zeros({3, 3, 2})); }),
                  "matmul: shapes [2] and [3] cannot be broadcast"));
+}
+
+// sum_columns_into (ops/untracked.h) takes its scratch from the caller; a
+// short or missing one is refused before anything runs.
+TEST_CASE("errors/sum_columns_into checks out and its scratch") {
+  const tg::Tensor x = tg::ones({40, 40}), out = tg::zeros({40});
+  CHECK(tg::sum_columns_scratch(x) == 120);  // 3 chunks of 16 rows, one level
+  CHECK(error_of([&] { tg::sum_columns_into(out, x, tg::zeros({119})); }) ==
+        "sum: the column sums of [40, 40] need 120 contiguous float32 elements of scratch, got [119]");
+  CHECK(error_of([&] { tg::sum_columns_into(tg::zeros({4, 10}), x, tg::zeros({120})); }) ==
+        "sum_columns_into: out must be a contiguous [40] for x [40,40], got [4,10]");
+  tg::sum_columns_into(out, x, tg::zeros({120}));
+  CHECK(out.to_vector() == std::vector<double>(40, 40.0));
 }
 
 TEST_CASE("errors/dtype mismatch names both tensors") {
