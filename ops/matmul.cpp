@@ -395,8 +395,9 @@ int split_gemm_stretches(int64_t rows, int64_t cols, int64_t depth, int64_t sms)
 }
 
 std::pair<Tensor, Tensor> projection_grads_fp16(const Fp16Group& group, int iw, int ix) {
+  if (iw < 0 && ix < 0) return {};
   const int n = int(group.matrices.size());
-  TG_CHECK(n > 0 && iw < n && ix < n, "projection_grads_fp16: slots ", iw, " (W) and ", ix, " (x) in a group of ", n,
+  TG_CHECK(iw < n && ix < n, "projection_grads_fp16: slots ", iw, " (W) and ", ix, " (x) in a group of ", n,
            " matrices");
   if (iw < 0 || ix < 0)
     return {iw < 0 ? Tensor() : gemm_fp16(group, 0, false, iw, false),

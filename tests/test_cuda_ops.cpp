@@ -349,7 +349,7 @@ TEST_CASE("cuda/linear_to_fp16: the GEMM writes y's fp16 copy at to_fp16's scale
     const double first = sc[tg::kFp16Scratch + tg::kMaxFp16Group], alpha = sc[tg::kFp16Scratch + tg::kMaxFp16Group + 1];
     const bool epilogue = !std::isnan(alpha);
     if (c.epilogue >= 0) CHECK(epilogue == bool(c.epilogue));
-    else MESSAGE(std::string(c.name) << ": cuBLASLt " << (epilogue ? "took" : "refused") << " the fp16 GEMM");
+    else MESSAGE(std::string(c.name) << ": cuBLASLt " << std::string(epilogue ? "took" : "refused") << " the fp16 GEMM");
     if (epilogue) CHECK((s > first) - (s < first) == c.rescaled);
     if (stored_max == 0) {
       CHECK(s == 1.0);

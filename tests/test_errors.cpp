@@ -26,6 +26,15 @@ TEST_CASE("errors/sum_columns_into checks out and its scratch") {
   CHECK(out.to_vector() == std::vector<double>(40, 40.0));
 }
 
+// projection_grads_fp16 with neither gradient wanted does nothing (a
+// projection whose bias alone needs its gradient); a slot past its group is refused.
+TEST_CASE("errors/projection_grads_fp16 checks its slots") {
+  const auto [dx, dw] = tg::projection_grads_fp16(tg::Fp16Group{}, -1, -1);
+  CHECK((!dx.defined() && !dw.defined()));
+  CHECK(error_of([] { tg::projection_grads_fp16(tg::Fp16Group{}, 1, -1); }) ==
+        "projection_grads_fp16: slots 1 (W) and -1 (x) in a group of 0 matrices");
+}
+
 TEST_CASE("errors/dtype mismatch names both tensors") {
   const std::string msg = error_of([] { tg::add(tg::zeros({2}), tg::zeros({2}, {tg::DType::Float64})); });
   CHECK(msg == "add: tensors have different dtypes (float32 [2] vs float64 [2])");
