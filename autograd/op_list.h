@@ -12,7 +12,7 @@
   X(contiguous) X(clone) X(cast) X(to_device)                                      \
   X(matmul) X(linear) X(linear_fp16)                                               \
   X(softmax) X(masked_fill) X(dropout) X(edit_bias) X(layer_norm) X(mse_loss)                       \
-  X(fused_attention) X(fused_qkv_attention)
+  X(fused_attention) X(fused_qkv_attention) X(fused_attention_layer)
 
 namespace tg {
 

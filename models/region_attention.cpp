@@ -122,13 +122,10 @@ Tensor region_attention(const Tensor& x, const Tensor& edit_mask, const Tensor& 
                         const RegionAttentionParams& params, const DropoutOptions& dropout, AttentionImpl impl) {
   if (impl == AttentionImpl::Decomposed) return region_attention_decomposed(x, edit_mask, attn_mask, params, dropout);
   check_layer(x, params);
-  // The qkv projection is part of the fused node (fused_qkv_attention); at
-  // "high" the out-projection runs on fp16 tensor cores too, like the core.
-  const Tensor o = fused_qkv_attention(x, params.qkv_weight, params.qkv_bias, edit_mask, attn_mask,
-                                       params.edit_region_bias, params.within_edit_bias, params.cross_edit_bias,
-                                       params.heads, dropout);
-  const bool half = resolve_precision(MatmulPrecision::Default) == MatmulPrecision::High;
-  return half ? linear_fp16(o, params.out_weight, params.out_bias) : linear(o, params.out_weight, params.out_bias);
+  // Both projections are part of the fused layer (one node on CUDA at "high").
+  return fused_attention_layer(x, params.qkv_weight, params.qkv_bias, edit_mask, attn_mask, params.edit_region_bias,
+                               params.within_edit_bias, params.cross_edit_bias, params.out_weight, params.out_bias,
+                               params.heads, dropout);
 }
 
 }  // namespace tg

@@ -37,10 +37,12 @@ struct RegionAttentionParams {
 };
 
 // How the attention core runs: as the graph of small ops, or as one fused op
-// (ops/fused_attention.h) recorded as a single node between the two
-// projections (cuBLAS GEMMs on CUDA; with Fused at "high", linear_fp16 on
-// fp16 tensor cores). Fused on CUDA needs float32 and head dim 64 (else a
-// tg::Error); on the CPU it runs the fused algorithm as loops.
+// (ops/fused_attention.h, fused_attention_layer): on CUDA at "high" one node
+// for the whole layer, both projections on fp16 tensor cores; elsewhere one
+// node for the qkv projection and the core, then the out-projection's
+// linear. The projections are cuBLAS GEMMs on CUDA. Fused on CUDA needs
+// float32 and head dim 64 (else a tg::Error); on the CPU it runs the fused
+// algorithm as loops.
 enum class AttentionImpl { Decomposed, Fused };
 
 // The layer: x [B,S,C]; edit_mask [B,S] (1 = inside the edit region);

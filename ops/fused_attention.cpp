@@ -1,5 +1,6 @@
 #include "ops/fused_attention.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -12,6 +13,7 @@
 #include "ops/binary_mask.h"
 #include "ops/copy.h"
 #include "ops/fused_attention_kernels.h"
+#include "ops/matmul.h"
 #include "ops/matmul_kernels.h"
 #include "ops/reduce.h"
 #include "ops/reduce_kernels.h"
@@ -190,7 +192,8 @@ void cpu_backward(const AttentionInputs& in, const AttentionGradTensors& g) {
 
 template <>
 void FusedAttentionKernels<Device::CPU>::forward(const AttentionInputs& in, const Tensor& o, const Tensor& lse,
-                                                 MatmulPrecision) {
+                                                 MatmulPrecision, const Tensor& o_half) {
+  TG_CHECK(!o_half.defined(), "fused_attention: o's fp16 copy exists on CUDA only");
   TG_DISPATCH_FLOAT(o.dtype(), T, [&] { cpu_forward<T>(in, o, lse); });
 }
 
@@ -243,11 +246,6 @@ template <>
 void FusedAttentionKernels<Device::CPU>::join_half_qkv(const Tensor&, const HalfKeyGradients&, const AttentionDims&,
                                                        const Tensor&) {
   TG_FAIL("join_half_qkv: fp16 key gradients exist on CUDA only");
-}
-
-template <>
-void FusedAttentionKernels<Device::CPU>::half_qkv_scalars(const HalfKeyGradients&, const Fp16Group&, const Tensor&) {
-  TG_FAIL("half_qkv_scalars: fp16 key gradients exist on CUDA only");
 }
 
 // ---- the op
@@ -365,8 +363,9 @@ bool core_reads_half_qkv(const Tensor& qkv, MatmulPrecision precision, int64_t q
 // The core's forward on checked inputs: o [B,S,C] and the log-sum-exp
 // [B,H,S]. At "high" on CUDA the kernels read qkv's fp16 copy (in.qkv_half:
 // given, or converted here), which the backward keeps in place of the float
-// q, k, v (half their memory).
-std::vector<Tensor> core_forward(AttentionInputs& in, MatmulPrecision precision) {
+// q, k, v (half their memory); o_half: o's fp16 copy too where defined
+// (FusedAttentionKernels::forward).
+std::vector<Tensor> core_forward(AttentionInputs& in, MatmulPrecision precision, const Tensor& o_half = Tensor()) {
   const AttentionDims d = in.d;
   const TensorOptions opts{in.edit_region_bias.dtype(), in.edit_region_bias.device()};  // qkv's (checked)
   if (in.qkv_half.matrices.empty() && core_reads_half_qkv(in.qkv, precision, d.B * d.H * d.S))
@@ -374,7 +373,7 @@ std::vector<Tensor> core_forward(AttentionInputs& in, MatmulPrecision precision)
   const bool half_qkv = !in.qkv_half.matrices.empty();
   Tensor o = empty({d.B, d.S, d.H * d.D}, opts);
   const Tensor lse = empty({d.B, d.H, d.S}, opts);
-  TG_DISPATCH_DEVICE(o, FusedAttentionKernels, forward, in, o, lse, precision);
+  TG_DISPATCH_DEVICE(o, FusedAttentionKernels, forward, in, o, lse, precision, o_half);
   const auto unless_half = [&](const Tensor& t) { return half_qkv ? Tensor() : t; };
   const Tensor half_values = half_qkv ? in.qkv_half.matrices[0].values : Tensor();
   return {unless_half(in.q), unless_half(in.k), unless_half(in.v), o, lse, in.edit_mask, in.attn_mask,
@@ -486,9 +485,9 @@ std::vector<Tensor> half_qkv_projection_backward(AttentionInputs& in, AttentionG
   if (needs[1]) operands.push_back(x2);
   if (needs[0]) operands.push_back(w);
   const Fp16Group converted = to_fp16(operands);
-  Fp16Group group{{{dqkv_values, rows, 3 * C}}, empty({kFp16Scalars}, opts), {}};
-  for (const Fp16Matrix& m : converted.matrices) group.matrices.push_back(m);
-  TG_DISPATCH_DEVICE(dqkv_values, FusedAttentionKernels, half_qkv_scalars, kv, converted, group.scalars);
+  std::vector<Fp16ScaleSource> sources{{{dqkv_values, rows, 3 * C}, kv.scratch, 0, Fp16ScaleSource::kExponent}};
+  for (int i = 0; i < int(converted.matrices.size()); ++i) sources.push_back({converted.matrices[i], converted.scalars, i});
+  const Fp16Group group = regroup_fp16(sources);
   const int ix = needs[1] ? 1 : -1, iw = needs[0] ? (needs[1] ? 2 : 1) : -1;  // group: dqkv, then x and w as converted
   auto [dx, dw] = projection_grads_fp16(group, iw, ix);  // dx = dqkv W, dW = dqkv^T x
   return {std::move(dx), std::move(dw), autograd::keep_if(needs[2], db)};
@@ -518,10 +517,23 @@ Tensor fused_attention(const Tensor& qkv, const Tensor& edit_mask, const Tensor&
   });
 }
 
-Tensor fused_qkv_attention(const Tensor& x, const Tensor& qkv_weight, const Tensor& qkv_bias, const Tensor& edit_mask,
-                           const Tensor& attn_mask, const Tensor& E, const Tensor& w_in, const Tensor& w_x,
-                           int64_t heads, const DropoutOptions& dropout, MatmulPrecision precision_in) {
-  const char* op = "fused_qkv_attention";
+namespace {
+
+// fused_qkv_attention's (and fused_attention_layer's) projection, checked:
+// x2 = x's [B S, C] rows and w the weight (contiguous where its GEMMs run on
+// fp16: half), for a qkv of qkv_shape [B,S,3 H D].
+struct QkvProjection {
+  const char* op;  // errors name it
+  Tensor x2, w;
+  Shape qkv_shape;
+  bool half;
+};
+
+// The checks of fused_qkv_attention's arguments, errors naming op; precision resolved.
+QkvProjection checked_qkv_projection(const char* op, const Tensor& x, const Tensor& qkv_weight,
+                                     const Tensor& qkv_bias, const Tensor& edit_mask, const Tensor& attn_mask,
+                                     const Tensor& E, const Tensor& w_in, const Tensor& w_x, int64_t heads,
+                                     const DropoutOptions& dropout, MatmulPrecision precision) {
   check_defined(op, "x", x);
   check_defined(op, "qkv_weight", qkv_weight);
   TG_CHECK(x.dim() == 3, op, ": x must be [B,S,C], got ", x.shape());
@@ -536,42 +548,174 @@ Tensor fused_qkv_attention(const Tensor& x, const Tensor& qkv_weight, const Tens
   const Shape qkv_shape{x.size(0), x.size(1), qkv_weight.size(0)};
   check_core_args(op, "the projection x W^T", qkv_shape, x, edit_mask, attn_mask, E, w_in, w_x, heads);
   check_dropout(op, dropout);
-  const MatmulPrecision precision = resolve_precision(precision_in);
   // At "high" on CUDA the projection's GEMMs run on fp16 tensor cores, like the core's (linear_fp16).
   const bool half = x.is_cuda() && x.dtype() == DType::Float32 && precision == MatmulPrecision::High;
-  const Tensor x2 = rows_view(materialize(x), x.size(2)), w = half ? materialize(qkv_weight) : qkv_weight;
-  // Where the core reads only qkv's fp16 copy, the projection's GEMM writes that copy: no float qkv at all.
-  const bool half_copy = half && core_reads_half_qkv(x, precision, qkv_shape[0] * heads * qkv_shape[1]);
-  const Tensor qkv = half_copy ? Tensor() : linear_forward(op, x2, w, qkv_bias, precision, half).view(qkv_shape);
-  Fp16Group qkv_half = half_copy ? linear_to_fp16(x2, w, qkv_bias.defined() ? materialize(qkv_bias) : Tensor())
-                                 : Fp16Group{};
-  AttentionInputs in =
-      core_inputs_of(qkv_shape, qkv, std::move(qkv_half), edit_mask, attn_mask, E, w_in, w_x, heads);
+  return {op, rows_view(materialize(x), x.size(2)), half ? materialize(qkv_weight) : qkv_weight, qkv_shape, half};
+}
+
+// Whether the core reads only qkv's fp16 copy, which the projection's GEMM
+// then writes: no float qkv at all.
+bool projection_writes_half_qkv(const QkvProjection& pr, int64_t heads, MatmulPrecision precision) {
+  return pr.half && core_reads_half_qkv(pr.x2, precision, pr.qkv_shape[0] * heads * pr.qkv_shape[1]);
+}
+
+// The projection and the core's forward: the core's inputs (in) and its
+// saved tensors, then x2 (for dW) and w (for dx) where wanted (m: x's,
+// qkv_weight's); o_half as core_forward's.
+std::vector<Tensor> qkv_attention_forward(const QkvProjection& pr, const Tensor& qkv_bias, const Tensor& edit_mask,
+                                          const Tensor& attn_mask, const Tensor& E, const Tensor& w_in,
+                                          const Tensor& w_x, int64_t heads, const DropoutOptions& dropout,
+                                          MatmulPrecision precision, const autograd::GradMask& m,
+                                          AttentionInputs& in, const Tensor& o_half = Tensor()) {
+  const bool half_copy = projection_writes_half_qkv(pr, heads, precision);
+  const Tensor qkv = half_copy ? Tensor()
+                               : linear_forward(pr.op, pr.x2, pr.w, qkv_bias, precision, pr.half)
+                                     .view(pr.qkv_shape);
+  Fp16Group qkv_half =
+      half_copy ? linear_to_fp16(pr.x2, pr.w, qkv_bias.defined() ? materialize(qkv_bias) : Tensor()) : Fp16Group{};
+  in = core_inputs_of(pr.qkv_shape, qkv, std::move(qkv_half), edit_mask, attn_mask, E, w_in, w_x, heads);
   draw_dropout(dropout, in);
-  std::vector<Tensor> saved = core_forward(in, precision);
-  const Tensor o = saved[kO];
+  std::vector<Tensor> saved = core_forward(in, precision, o_half);
+  saved.push_back(autograd::keep_if(m[1], pr.x2));  // dW = dqkv^T x
+  saved.push_back(autograd::keep_if(m[0], pr.w));   // dx = dqkv W
+  return saved;
+}
+
+// fused_qkv_attention's gradients {x, W, b, E, w_in, w_x} where needs says,
+// from g = dL/do and the saved list qkv_attention_forward made.
+std::vector<Tensor> qkv_attention_backward(const AttentionInputs& meta, MatmulPrecision precision, bool half,
+                                           const Shape& x_shape, Tensor g, const autograd::SavedTensors& s,
+                                           const autograd::GradMask& needs) {
+  AttentionInputs in = core_inputs(meta, s);
+  AttentionGradTensors gt = start_core_backward(in, std::move(g), s, needs[3], needs[4] || needs[5]);
+  const Tensor x2 = s[kCoreSaved], w = s[kCoreSaved + 1];
+  const autograd::GradMask projection{needs[0], needs[1], needs[2]};
+  std::vector<Tensor> grads;
+  if (!in.qkv_half.matrices.empty()) {
+    grads = half_qkv_projection_backward(in, gt, s, x2, w, projection);
+  } else {
+    Tensor dqkv = float_qkv_backward(in, gt, precision);
+    Tensor g2 = rows_view(dqkv, dqkv.size(2));
+    dqkv = Tensor();
+    grads = linear_backward(std::move(g2), x2, w, projection, precision, half);
+  }
+  if (grads[0].defined()) grads[0] = grads[0].view(x_shape);
+  for (Tensor& t : edit_bias_grads(gt, needs, 3)) grads.push_back(std::move(t));
+  return grads;
+}
+
+// fused_attention_layer's saved tensors after qkv_attention_forward's: the
+// out-projection's fp16 group {Wo, o} (its matrices' values and scalars),
+// and Wo itself (read by nothing: kept so that an in-place change to it
+// before the backward is caught, as linear's saved weight is).
+enum LayerSaved : size_t { kOutWeightHalf = kCoreSaved + 2, kOutInputHalf, kOutScalars, kOutWeight };
+
+// The out-projection's backward in the layer node, from g2 = dL/dy [B S,
+// out]: {do [B S, C], dWo, dbo} where needs says, with g's fp16 copy
+// regrouped with the forward's copies of Wo [out, C] and o (no second
+// conversion of either).
+std::vector<Tensor> out_projection_backward(Tensor g2, int64_t C, const autograd::SavedTensors& s,
+                                            const autograd::GradMask& needs) {
+  const Tensor scalars = s[kOutScalars];
+  const int64_t rows = g2.size(0), out = g2.size(1);
+  const int iw = needs[0] ? 1 : -1, ix = needs[1] ? 1 + int(needs[0]) : -1;
+  return linear_backward_fp16(std::move(g2), needs, iw, ix, [&](const Tensor& g) {
+    const Fp16Group g_half = to_fp16({g});
+    std::vector<Fp16ScaleSource> sources{{g_half.matrices[0], g_half.scalars, 0}};
+    if (needs[0]) sources.push_back({{s[kOutWeightHalf], out, C}, scalars, 0});
+    if (needs[1]) sources.push_back({{s[kOutInputHalf], rows, C}, scalars, 1});
+    return regroup_fp16(sources);
+  });
+}
+
+}  // namespace
+
+Tensor fused_qkv_attention(const Tensor& x, const Tensor& qkv_weight, const Tensor& qkv_bias, const Tensor& edit_mask,
+                           const Tensor& attn_mask, const Tensor& E, const Tensor& w_in, const Tensor& w_x,
+                           int64_t heads, const DropoutOptions& dropout, MatmulPrecision precision_in) {
+  const MatmulPrecision precision = resolve_precision(precision_in);
+  const QkvProjection pr = checked_qkv_projection("fused_qkv_attention", x, qkv_weight, qkv_bias, edit_mask,
+                                                  attn_mask, E, w_in, w_x, heads, dropout, precision);
   const autograd::GradMask m = autograd::grad_mask({x, qkv_weight, qkv_bias});
-  saved.push_back(autograd::keep_if(m[1], x2));  // dW = dqkv^T x
-  saved.push_back(autograd::keep_if(m[0], w));   // dx = dqkv W
+  AttentionInputs in;
+  std::vector<Tensor> saved =
+      qkv_attention_forward(pr, qkv_bias, edit_mask, attn_mask, E, w_in, w_x, heads, dropout, precision, m, in);
+  const Tensor o = saved[kO];
+  return autograd::record(OpId::fused_qkv_attention, o, {x, qkv_weight, qkv_bias, E, w_in, w_x}, std::move(saved),
+                          [meta = core_meta(in), precision, half = pr.half, x_shape = x.shape()](
+                              Tensor g, const auto& s, const autograd::GradMask& needs) {
+    return qkv_attention_backward(meta, precision, half, x_shape, std::move(g), s, needs);
+  });
+}
+
+Tensor fused_attention_layer(const Tensor& x, const Tensor& qkv_weight, const Tensor& qkv_bias,
+                             const Tensor& edit_mask, const Tensor& attn_mask, const Tensor& E, const Tensor& w_in,
+                             const Tensor& w_x, const Tensor& out_weight, const Tensor& out_bias, int64_t heads,
+                             const DropoutOptions& dropout, MatmulPrecision precision_in) {
+  const char* op = "fused_attention_layer";
+  const MatmulPrecision precision = resolve_precision(precision_in);
+  const QkvProjection pr = checked_qkv_projection(op, x, qkv_weight, qkv_bias, edit_mask, attn_mask, E, w_in, w_x,
+                                                  heads, dropout, precision);
+  const int64_t C = pr.qkv_shape[2] / 3;
+  check_defined(op, "out_weight", out_weight);
+  TG_CHECK(out_weight.dim() == 2 && out_weight.size(1) == C, op, ": out_weight must be [out, ", C,
+           "] for the attention's ", C, " columns, got ", out_weight.shape());
+  check_same_dtype_device(op, x, out_weight);
+  if (out_bias.defined()) {
+    check_same_dtype_device(op, x, out_bias);
+    TG_CHECK(out_bias.shape() == Shape{out_weight.size(0)}, op, ": out_bias must be [", out_weight.size(0),
+             "] for out_weight ", out_weight.shape(), ", got ", out_bias.shape());
+  }
+  if (!projection_writes_half_qkv(pr, heads, precision)) {  // two nodes: the core, then the out-projection
+    const Tensor o = fused_qkv_attention(x, qkv_weight, qkv_bias, edit_mask, attn_mask, E, w_in, w_x, heads, dropout,
+                                         precision);
+    return precision == MatmulPrecision::High ? linear_fp16(o, out_weight, out_bias)
+                                              : linear(o, out_weight, out_bias, precision);
+  }
+  // One node: the forward kernel writes o's fp16 copy at a scale known from
+  // v's bound, which the out-projection's GEMMs read (no conversion of o).
+  const autograd::GradMask m = autograd::grad_mask({x, qkv_weight, qkv_bias, E, w_in, w_x, out_weight, out_bias});
+  const Tensor wo = materialize(out_weight);
+  const Fp16Group wo_half = fp16_group({wo});
+  cuda::Fork convert_wo(true);  // Wo's copy beside the projection and the core
+  convert_wo.run([&] { convert_to_fp16({wo}, wo_half); });
+  const int64_t rows = pr.qkv_shape[0] * pr.qkv_shape[1];
+  const Fp16Matrix o_half = allocate_fp16_matrix(rows, C, x.device());
+  AttentionInputs in;
+  std::vector<Tensor> saved = qkv_attention_forward(pr, qkv_bias, edit_mask, attn_mask, E, w_in, w_x, heads, dropout,
+                                                    precision, m, in, o_half.values);
+  convert_wo.join();
+  const Fp16Group out_group = regroup_fp16({{wo_half.matrices[0], wo_half.scalars, 0},
+                                            {o_half, in.qkv_half.scalars, 0, Fp16ScaleSource::kBound,
+                                             keep_scale_exponent(in.p)}});
+  const Tensor y = gemm_fp16(out_group, 1, false, 0, true, out_bias.defined() ? materialize(out_bias) : Tensor());
+  const bool attention_grads = m[0] || m[1] || m[2] || m[3] || m[4] || m[5];
+  if (!attention_grads) std::fill(saved.begin(), saved.end(), Tensor());  // the core's backward will not run
+  saved.push_back(attention_grads ? out_group.matrices[0].values : Tensor());  // do = dy Wo
+  saved.push_back(autograd::keep_if(m[6], o_half.values));                    // dWo = dy^T o
+  saved.push_back(out_group.scalars);
+  saved.push_back(out_weight);
+  const Shape y_shape{pr.qkv_shape[0], pr.qkv_shape[1], out_weight.size(0)};
   return autograd::record(
-      OpId::fused_qkv_attention, o, {x, qkv_weight, qkv_bias, E, w_in, w_x}, std::move(saved),
-      [meta = core_meta(in), precision, half, x_shape = x.shape()](Tensor g, const auto& s,
-                                                                     const autograd::GradMask& needs) {
-        AttentionInputs in = core_inputs(meta, s);
-        AttentionGradTensors gt = start_core_backward(in, std::move(g), s, needs[3], needs[4] || needs[5]);
-        const Tensor x2 = s[kCoreSaved], w = s[kCoreSaved + 1];
-        const autograd::GradMask projection{needs[0], needs[1], needs[2]};
-        std::vector<Tensor> grads;
-        if (!in.qkv_half.matrices.empty()) {
-          grads = half_qkv_projection_backward(in, gt, s, x2, w, projection);
-        } else {
-          Tensor dqkv = float_qkv_backward(in, gt, precision);
-          Tensor g2 = rows_view(dqkv, dqkv.size(2));
-          dqkv = Tensor();
-          grads = linear_backward(std::move(g2), x2, w, projection, precision, half);
+      OpId::fused_attention_layer, y.view(y_shape), {x, qkv_weight, qkv_bias, E, w_in, w_x, out_weight, out_bias},
+      std::move(saved),
+      [meta = core_meta(in), precision, x_shape = x.shape(), C, out = out_weight.size(0)](
+          Tensor g, const auto& s, const autograd::GradMask& needs) {
+        const bool attention = needs[0] || needs[1] || needs[2] || needs[3] || needs[4] || needs[5];
+        Tensor g2 = rows_view(materialize(g), out);
+        g = Tensor();  // g2 is the only handle: dropped once converted
+        std::vector<Tensor> out_grads =
+            out_projection_backward(std::move(g2), C, s, {attention, needs[6], needs[7]});
+        for (const size_t i : {kOutWeightHalf, kOutInputHalf, kOutScalars}) s.release_early(i);
+        std::vector<Tensor> grads(6);
+        if (attention) {
+          Tensor dout = out_grads[0].view({x_shape[0], x_shape[1], C});
+          out_grads[0] = Tensor();  // dout is the only handle: the core's backward drops it once converted
+          grads = qkv_attention_backward(meta, precision, true, x_shape, std::move(dout), s,
+                                         {needs[0], needs[1], needs[2], needs[3], needs[4], needs[5]});
         }
-        if (grads[0].defined()) grads[0] = grads[0].view(x_shape);
-        for (Tensor& t : edit_bias_grads(gt, needs, 3)) grads.push_back(std::move(t));
+        grads.push_back(std::move(out_grads[1]));
+        grads.push_back(std::move(out_grads[2]));
         return grads;
       });
 }

@@ -108,8 +108,7 @@ __global__ void __launch_bounds__(kFwdThreads, ForwardLayout<Mma>::kMinCtasPerSm
   }
 
   const int64_t C = sc.H * kD;
-  rows.store(acc, o_scale, sc, row_of, row_id, [&](int r) { return p.o + (b * sc.S + row_of(r)) * C + h * kD; },
-             p.lse, t);
+  rows.store(acc, o_scale, p, row_of, row_id, [&](int r) { return (b * sc.S + row_of(r)) * C + h * kD; }, t);
 }
 
 // delta[b, h, i] = dout_row . o_row over the 64 columns of head h: blockIdx.x
@@ -236,15 +235,6 @@ __global__ void join_half_qkv_kernel(const HalfJoin j) {
   if (blockIdx.x == 0 && threadIdx.x == 0) reinterpret_cast<int*>(j.scratch)[0] = e;  // min(e, dq's) is e again
 }
 
-// The scalars of the group {dqkv (at 2^e), then xw's matrices}, count in all.
-__global__ void half_qkv_scalars_kernel(const float* scratch, const float* xw, int count, float* out) {
-  after_previous_kernels();
-  const int e = reinterpret_cast<const int*>(scratch)[0];
-  write_fp16_group_scalars(
-      out, 0, count, threadIdx.x, [&](int i) { return i == 0 ? ldexpf(1.f, -e) : fp16_inverse_scale(xw, i - 1); },
-      [&](int i) { return i == 0 ? ldexpf(1.f, e) : xw[kFp16BoundScales + i - 1]; });
-}
-
 // A tensor the kernels read or write in vectors of `bytes`.
 void check_aligned(const char* what, const Tensor& t, size_t bytes) {
   TG_CHECK(reinterpret_cast<uintptr_t>(t.raw_data()) % bytes == 0, "fused_attention: ", what, " ", t.shape(),
@@ -268,10 +258,10 @@ void check_rows(const char* what, const Tensor& t) {
 }
 
 template <class Mma>
-void launch_forward(const AttentionInputs& in, const Tensor& o, const Tensor& lse) {
+void launch_forward(const AttentionInputs& in, const Tensor& o, const Tensor& lse, const Tensor& o_half) {
   using Layout = ForwardLayout<Mma>;
   ForwardArgs args{head_rows<const float>(in.q), head_rows<const float>(in.k), head_rows<const float>(in.v),
-                   o.data<float>(), lse.data<float>(), HalfOperands{}, score_args(in)};
+                   o.data<float>(), lse.data<float>(), HalfOperands{}, score_args(in), half_output_args(in, o_half)};
   if constexpr (Layout::kHalf) args.half = qkv_half_operands(in);
   allow_shared_memory<attention_forward_kernel<Mma>>(Layout::kBytes, "fused_attention");
   const dim3 grid(static_cast<unsigned>((in.d.S + kFwdRows - 1) / kFwdRows), static_cast<unsigned>(in.d.B * in.d.H));
@@ -316,7 +306,7 @@ namespace tg {
 
 template <>
 void FusedAttentionKernels<Device::CUDA>::forward(const AttentionInputs& in, const Tensor& o, const Tensor& lse,
-                                                  MatmulPrecision precision) {
+                                                  MatmulPrecision precision, const Tensor& o_half) {
   using namespace cuda;
   if (in.d.B * in.d.H * in.d.S == 0) return;
   const bool half_qkv = !in.qkv_half.matrices.empty();  // fp16 copies read (in training q, k, v may be undefined)
@@ -325,9 +315,9 @@ void FusedAttentionKernels<Device::CUDA>::forward(const AttentionInputs& in, con
   for (const auto& [t, name] : {std::pair{&in.q, "q"}, {&in.k, "k"}, {&in.v, "v"}})
     if (!half_qkv || t->defined()) check_rows(name, *t);
   if (precision == MatmulPrecision::High && warpgroup_kernels_run() && forward_warpgroup_takes(in))
-    launch_forward_warpgroup(in, o, lse);
-  else if (precision == MatmulPrecision::High) launch_forward<Fp16>(in, o, lse);
-  else launch_forward<Tf32x3>(in, o, lse);
+    launch_forward_warpgroup(in, o, lse, o_half);
+  else if (precision == MatmulPrecision::High) launch_forward<Fp16>(in, o, lse, o_half);
+  else launch_forward<Tf32x3>(in, o, lse, o_half);
 }
 
 template <>
@@ -439,18 +429,6 @@ void FusedAttentionKernels<Device::CUDA>::join_half_qkv(const Tensor& dq, const 
                       reinterpret_cast<__half*>(dqkv_values.data<float>()), rows, d.S, d.H,
                       (d.S + kHalfKeyGroup - 1) / kHalfKeyGroup};
   launch("join_half_qkv", join_half_qkv_kernel, grid_for(rows * 3 * C / 8), kThreads, 0, join);
-}
-
-template <>
-void FusedAttentionKernels<Device::CUDA>::half_qkv_scalars(const HalfKeyGradients& kv, const Fp16Group& xw,
-                                                           const Tensor& scalars) {
-  const int count = 1 + static_cast<int>(xw.matrices.size());
-  TG_CHECK(count <= kMaxFp16Group && scalars.numel() == kFp16Scalars, "half_qkv_scalars: a group of dqkv and ",
-           xw.matrices.size(), " more matrices (at most ", kMaxFp16Group, " in all) into ", kFp16Scalars,
-           " scalars (got ", scalars.numel(), ")");
-  static_assert(kMaxFp16Group * kMaxFp16Group <= 32, "one warp writes the alphas");
-  cuda::launch("half_qkv_scalars", cuda::half_qkv_scalars_kernel, 1, 32, 0, kv.scratch.data<float>(),
-               xw.scalars.data<float>(), count, scalars.data<float>());
 }
 
 template <>

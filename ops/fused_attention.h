@@ -70,6 +70,22 @@ Tensor fused_qkv_attention(const Tensor& x, const Tensor& qkv_weight, const Tens
                            const Tensor& cross_edit_bias, int64_t heads, const DropoutOptions& dropout = {},
                            MatmulPrecision precision = MatmulPrecision::Default);
 
+// The whole layer: y = fused_qkv_attention(...) Wo^T + bo (out_weight
+// [out, H D], out_bias [out] or undefined) -> y [B,S,out]. On CUDA at
+// "high" one node: the forward kernel writes o's fp16 copy beside o, at a
+// scale known before o exists (|o| <= max |v| / (1 - p): o's rows average
+// v's, docs/derivations.md "The out-projection in the layer node"), and
+// the out-projection's GEMMs read that copy, so o is never converted; the
+// backward converts dL/dy alone and reuses the forward's copies of o and
+// Wo. Elsewhere (CPU, "highest", an empty problem) the two nodes
+// fused_qkv_attention and linear (linear_fp16 at "high"), with the same
+// gradients.
+Tensor fused_attention_layer(const Tensor& x, const Tensor& qkv_weight, const Tensor& qkv_bias,
+                             const Tensor& edit_mask, const Tensor& attn_mask, const Tensor& edit_region_bias,
+                             const Tensor& within_edit_bias, const Tensor& cross_edit_bias, const Tensor& out_weight,
+                             const Tensor& out_bias, int64_t heads, const DropoutOptions& dropout = {},
+                             MatmulPrecision precision = MatmulPrecision::Default);
+
 namespace fused {
 
 // The benchmark interface of shared/spec/region-attention.md: the whole

@@ -17,12 +17,21 @@ namespace {
 
 constexpr int kFwdKeys = 64;  // keys per tile
 
+// o's optional fp16 copy (values null: none), [B S, H D] like o, at
+// fp16_scale_from_bound(*bound_scale, shift) (FusedAttentionKernels::forward's o_half).
+struct HalfOutputArgs {
+  __half* values;
+  const float* bound_scale;
+  int shift;
+};
+
 struct ForwardArgs {
   HeadRows<const float> q, k, v;
   float* o;    // [B,S,H*D]
   float* lse;  // [B,H,S]
   HalfOperands half;  // with the Fp16 policy (q, k, v)
   ScoreArgs sc;
+  HalfOutputArgs o_half;
 };
 
 // acc *= correction of its row (c >> 1: rows g, g + 8).
@@ -106,27 +115,48 @@ struct SoftmaxRows {
     }
   }
 
-  // o's rows (o_row(r): row r's 64 values) = o_scale acc / l, and the lse,
-  // for the rows before S. l_run is 0 only where every key is masked (o 0,
-  // lse -inf); a NaN (a NaN or +inf score: fmaxf passes over NaN, so it
-  // shows in l_run) gives NaN.
-  template <class RowOf, class RowId, class ORow>
-  __device__ void store(const float (&acc)[8][4], float o_scale, const ScoreArgs& sc, const RowOf& row,
-                        const RowId& id, const ORow& o_row, float* lse, int t) {
+  // o's rows (o_offset(r): where row r's 64 values start in p.o) = o_scale
+  // acc / l, o's fp16 copy too where p.o_half asks for it, and the lse, for
+  // the rows before S. l_run is 0 only where every key is masked (o 0, lse
+  // -inf); a NaN (a NaN or +inf score: fmaxf passes over NaN, so it shows in
+  // l_run) gives NaN.
+  template <class RowOf, class RowId, class OOffset>
+  __device__ void store(const float (&acc)[8][4], float o_scale, const ForwardArgs& p, const RowOf& row,
+                        const RowId& id, const OOffset& o_offset, int t) {
+    const HalfOutputArgs& half = p.o_half;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
       l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
-      if (row(r) >= sc.S) continue;
+      if (row(r) >= p.sc.S) continue;
       const float inv = l_run[r] != 0.f ? o_scale / l_run[r] : 0.f;
-      float* out = o_row(r);
+      const int64_t at = o_offset(r) + 2 * t;
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt)
-        *reinterpret_cast<float2*>(out + 8 * nt + 2 * t) = make_float2(acc[nt][2 * r] * inv, acc[nt][2 * r + 1] * inv);
-      if (t == 0) lse[id(r)] = l_run[r] != 0.f ? (shift_log2e[r] + log2f(l_run[r])) * kLn2 : -INFINITY;
+        *reinterpret_cast<float2*>(p.o + at + 8 * nt) = make_float2(acc[nt][2 * r] * inv, acc[nt][2 * r + 1] * inv);
+      if (half.values) {
+        const float h = inv * fp16_scale_from_bound(*half.bound_scale, half.shift);
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+          *reinterpret_cast<__half2*>(half.values + at + 8 * nt) =
+              __floats2half2_rn(acc[nt][2 * r] * h, acc[nt][2 * r + 1] * h);
+      }
+      if (t == 0) p.lse[id(r)] = l_run[r] != 0.f ? (shift_log2e[r] + log2f(l_run[r])) * kLn2 : -INFINITY;
     }
   }
 };
+
+// ForwardArgs::o_half for FusedAttentionKernels::forward's o_half (undefined: none).
+inline HalfOutputArgs half_output_args(const AttentionInputs& in, const Tensor& o_half) {
+  if (!o_half.defined()) return {nullptr, nullptr, 0};
+  const AttentionDims& d = in.d;
+  TG_CHECK(in.qkv_half.matrices.size() == 1 && o_half.dtype() == DType::Float32 && o_half.is_contiguous() &&
+               o_half.numel() == (d.B * d.S * d.H * kD + 1) / 2,
+           "fused_attention: o's fp16 copy needs qkv's and the fp16 pairs of [", d.B * d.S, ", ", d.H * kD,
+           "] (contiguous float32 storage of ", (d.B * d.S * d.H * kD + 1) / 2, "), got ", o_half.shape());
+  return {reinterpret_cast<__half*>(o_half.data<float>()), in.qkv_half.scalars.data<float>() + kFp16BoundScales,
+          keep_scale_exponent(in.p)};
+}
 
 }  // namespace
 
@@ -138,6 +168,6 @@ namespace tg::cuda {
 // built for sm_90a; run where ops/fused_attention.cu's warpgroup_kernels_run):
 // whether its loads take these inputs, and its launch.
 bool forward_warpgroup_takes(const AttentionInputs& in);
-void launch_forward_warpgroup(const AttentionInputs& in, const Tensor& o, const Tensor& lse);
+void launch_forward_warpgroup(const AttentionInputs& in, const Tensor& o, const Tensor& lse, const Tensor& o_half);
 
 }  // namespace tg::cuda

@@ -53,7 +53,7 @@ struct AttentionInputs {
 // added to, when B = 1), the per-key column sums of dS and the per-query row
 // sums of Pd [B,H,S] (for the careful bias gradient of the benchmark). dw_in
 // and dw_x [H], when defined, are written (zeros for an empty problem).
-// In training at "high" on CUDA (fused_qkv_attention): the kernel writes dk
+// In training at "high" on CUDA (fused_qkv_attention, fused_attention_layer): the kernel writes dk
 // and dv as fp16, each group of 16 keys of one (b, h) scaled by its own
 // power of two, and adds the v bias gradient (the column sums of the float
 // dv; the k bias gradient, 0 in exact arithmetic, as 0 times dk's: 0 unless
@@ -103,11 +103,25 @@ struct KernelResidency {
   int resident = 0, planned = 0;
 };
 
+// e with 1 / (1 - p) < 2^e: a power of two above dropout's keep scale.
+inline int keep_scale_exponent(double p) {
+  int e = 0;
+  std::frexp(1.0 / (1.0 - p), &e);
+  return e;
+}
+
 template <Device Dev>
 struct FusedAttentionKernels {
   // o [B,S,C] (head h in columns h*D ..) and the log-sum-exp lse [B,H,S]
-  // (-inf for a row whose keys are all masked; its o is 0).
-  static void forward(const AttentionInputs& in, const Tensor& o, const Tensor& lse, MatmulPrecision precision);
+  // (-inf for a row whose keys are all masked; its o is 0). o_half
+  // (optional; CUDA at "high", reading qkv's fp16 copy): o's fp16 copy too,
+  // the values of an Fp16Matrix [B S, C], at the storage scale
+  // fp16_scale_from_bound(qkv_half's bound scale, keep_scale_exponent(p)),
+  // known before o exists: o's rows are averages of v's rows, the kept
+  // ones times 1 / (1 - p), so |o| <= max |v| / (1 - p) and |o| s < 2^14
+  // (fp16's range ends past 2^15; P's fp16 rounding adds ~2^-10).
+  static void forward(const AttentionInputs& in, const Tensor& o, const Tensor& lse, MatmulPrecision precision,
+                      const Tensor& o_half = Tensor());
   // delta[b,h,i] = sum_d dout[b,i,h*D+d] o[b,i,h*D+d].
   static void row_dot(const Tensor& dout, const Tensor& o, const Tensor& delta, AttentionDims d);
   static void backward(const AttentionInputs& in, const AttentionGradTensors& g, MatmulPrecision precision);
@@ -129,12 +143,9 @@ struct FusedAttentionKernels {
   // CUDA only, after reduce_dq: qkv's gradient [B S, 3C] as fp16 into
   // dqkv_values at one scale 2^e (dq [B,S,C] float, dk and dv from kv), e
   // the smallest of kv's exponents and dq's, so that nothing overflows; e
-  // goes to kv.scratch for half_qkv_scalars.
+  // goes to kv.scratch (int32, its first value: regroup_fp16's kExponent).
   static void join_half_qkv(const Tensor& dq, const HalfKeyGradients& kv, const AttentionDims& d,
                             const Tensor& dqkv_values);
-  // CUDA only: the scalars (Fp16Group::scalars) of the group {dqkv, xw's
-  // matrices} from join_half_qkv's e and xw (to_fp16).
-  static void half_qkv_scalars(const HalfKeyGradients& kv, const Fp16Group& xw, const Tensor& scalars);
   // CUDA only: the backward kernel that backward would run here (backward_grid
   // counts its waves with the planned CTAs per SM).
   static KernelResidency backward_residency(MatmulPrecision precision, bool read);

@@ -513,11 +513,7 @@ struct TileLayout {
 };
 
 // Pd's scale 2^-e_keep for the fp16 tiles: keep_scale = 1 / (1 - p) < 2^e_keep.
-float pd_scale(double p) {
-  int e_keep = 0;
-  std::frexp(1.0 / (1.0 - p), &e_keep);
-  return std::ldexp(1.f, -e_keep);
-}
+float pd_scale(double p) { return std::ldexp(1.f, -keep_scale_exponent(p)); }
 
 const __half* half_values(const Fp16Matrix& m) { return reinterpret_cast<const __half*>(m.values.data<float>()); }
 

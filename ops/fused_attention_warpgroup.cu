@@ -209,8 +209,7 @@ __global__ void __launch_bounds__(kPairThreads, 2)
   issue_pv(tiles - 1);
   wgmma::commit();
   wgmma::wait<0>();
-  rows.store(acc, o_scale, sc, row_of, row_id, [&](int r) { return p.o + (b * sc.S + row_of(r)) * C + h * kD; },
-             p.lse, t);
+  rows.store(acc, o_scale, p, row_of, row_id, [&](int r) { return (b * sc.S + row_of(r)) * C + h * kD; }, t);
 }
 
 // The backward's warpgroup policy, f(policy, kRead) as with_backward_policy
@@ -232,10 +231,11 @@ bool forward_warpgroup_takes(const AttentionInputs& in) {
          aligned16(half_values(in.qkv_half.matrices[0]));
 }
 
-void launch_forward_warpgroup(const AttentionInputs& in, const Tensor& o, const Tensor& lse) {
+void launch_forward_warpgroup(const AttentionInputs& in, const Tensor& o, const Tensor& lse, const Tensor& o_half) {
   const char* op = "fused_attention";
   const AttentionDims& d = in.d;
-  const ForwardArgs args{{}, {}, {}, o.data<float>(), lse.data<float>(), qkv_half_operands(in), score_args(in)};
+  const ForwardArgs args{{}, {}, {}, o.data<float>(), lse.data<float>(), qkv_half_operands(in), score_args(in),
+                         half_output_args(in, o_half)};
   const auto u = [](int64_t x) { return static_cast<uint64_t>(x); };
   const int64_t C = d.H * kD;
   const tma::TensorShape qkv{3, {u(3 * C), u(d.S), u(d.B)}, {u(3 * C * 2), u(d.S * 3 * C * 2)}, {64, 64, 1}};

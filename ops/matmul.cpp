@@ -168,6 +168,11 @@ bool GemmKernels<Device::CPU>::product_to_fp16(const Fp16Group&, const Tensor&, 
 }
 
 template <>
+void GemmKernels<Device::CPU>::regroup_scalars(const std::vector<Fp16ScaleSource>&, const Tensor&) {
+  TG_FAIL("regroup_fp16: fp16 groups exist on CUDA only");
+}
+
+template <>
 int64_t GemmKernels<Device::CPU>::gemm_fp16_workspace(const Fp16Group&, int, bool, int, bool, const Tensor&) {
   TG_FAIL("gemm_fp16: fp16 GEMMs run on CUDA only");
 }
@@ -210,11 +215,6 @@ void check_fp16_matrices(const char* op, const std::vector<Tensor>& xs) {
   }
 }
 
-// An unfilled fp16 matrix [rows, cols] on `device`, its elements two per float32.
-Fp16Matrix allocate_fp16_matrix(int64_t rows, int64_t cols, Device device) {
-  return {empty({(rows * cols + 1) / 2}, {DType::Float32, device}), rows, cols};
-}
-
 // The group of xs, checked and allocated, not filled; errors name `op`.
 Fp16Group allocate_fp16_group(const char* op, const std::vector<Tensor>& xs, bool with_lows = false) {
   check_fp16_matrices(op, xs);
@@ -236,6 +236,10 @@ void check_column_bias(const char* op, const std::string& what, const Tensor& b,
            dtype_name(b.dtype()), " ", b.shape(), " on ", b.device());
 }
 }  // namespace
+
+Fp16Matrix allocate_fp16_matrix(int64_t rows, int64_t cols, Device device) {
+  return {empty({(rows * cols + 1) / 2}, {DType::Float32, device}), rows, cols};
+}
 
 Fp16Group fp16_group(const std::vector<Tensor>& xs, bool split) { return allocate_fp16_group("fp16_group", xs, split); }
 
@@ -272,6 +276,35 @@ Fp16Group to_fp16(const std::vector<Tensor>& xs, const std::vector<Tensor>& colu
 Fp16Group to_fp16_split(const std::vector<Tensor>& xs) {
   Fp16Group group = allocate_fp16_group("to_fp16_split", xs, true);
   TG_DISPATCH_DEVICE(xs[0], GemmKernels, to_fp16, xs, std::vector<Tensor>(xs.size()), group, 0, Fp16HeadDots{});
+  return group;
+}
+
+Fp16Group regroup_fp16(const std::vector<Fp16ScaleSource>& sources) {
+  const char* op = "regroup_fp16";
+  TG_CHECK(!sources.empty() && sources.size() <= size_t(kMaxFp16Group), op, ": takes 1 to ", kMaxFp16Group,
+           " matrices, got ", sources.size());
+  TG_CHECK(sources[0].scalars.defined(), op, ": matrix 0's values or scalars are undefined");
+  const Device device = sources[0].scalars.device();
+  Fp16Group group;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const Fp16ScaleSource& src = sources[i];
+    const Tensor &values = src.matrix.values, &scalars = src.scalars;
+    TG_CHECK(values.defined() && scalars.defined(), op, ": matrix ", i, "'s values or scalars are undefined");
+    TG_CHECK(values.numel() == (src.matrix.rows * src.matrix.cols + 1) / 2 && values.device() == device &&
+                 values.is_contiguous() && values.dtype() == DType::Float32 && scalars.device() == device &&
+                 scalars.is_contiguous() && scalars.dtype() == DType::Float32,
+             op, ": matrix ", i, " [", src.matrix.rows, ", ", src.matrix.cols, "] with ", values.numel(),
+             " values on ", values.device(), ", scalars ", scalars.shape(), " on ", scalars.device(),
+             ": needs its fp16 pairs and scalars, contiguous float32, on ", device);
+    const int64_t limit = src.kind == Fp16ScaleSource::kExponent ? scalars.numel() : kMaxFp16Group;
+    TG_CHECK(src.index >= 0 && src.index < limit && (src.kind == Fp16ScaleSource::kExponent ||
+                                                     scalars.numel() == kFp16Scalars),
+             op, ": matrix ", i, "'s scale at index ", src.index, " of ", scalars.numel(), " scalars");
+    TG_CHECK(src.shift >= 0 && src.shift <= 64, op, ": matrix ", i, "'s shift ", src.shift, " is outside [0, 64]");
+    group.matrices.push_back(src.matrix);
+  }
+  group.scalars = empty({kFp16Scalars}, {DType::Float32, device});
+  TG_DISPATCH_DEVICE(group.scalars, GemmKernels, regroup_scalars, sources, group.scalars);
   return group;
 }
 
@@ -443,23 +476,28 @@ Grads linear_backward(Tensor g2, const Tensor& x2, const Tensor& w, const GradMa
     return Grads{grad_if(needs[0], [&] { return matmul(g2, w, precision); }),
                  grad_if(needs[1], [&] { return matmul(g2.transpose(0, 1), x2, precision); }),
                  grad_if(needs[2], [&] { return sum(g2, {0}); })};  // column sums in g's own dtype, never TF32
-  // db, the float g's column sums, on a side stream beside the conversion of
-  // g, W (for dx) and x (for dW) as needed, converted together; the float g
-  // dropped after both, before the products' outputs exist.
+  // g, W (for dx) and x (for dW) as needed, converted together
+  const int iw = needs[0] ? 1 : -1, ix = needs[1] ? 1 + int(needs[0]) : -1;
+  return linear_backward_fp16(std::move(g2), needs, iw, ix, [&](const Tensor& g) {
+    std::vector<Tensor> matrices{g};
+    if (needs[0]) matrices.push_back(w);
+    if (needs[1]) matrices.push_back(x2);
+    return to_fp16(matrices);
+  });
+}
+
+Grads linear_backward_fp16(Tensor g2, const GradMask& needs, int iw, int ix,
+                           const std::function<Fp16Group(const Tensor&)>& group_of) {
+  // db, the float g's column sums, on a side stream beside group_of's
+  // conversion; the float g dropped after both, before the products' outputs exist.
   const TensorOptions opts{g2.dtype(), g2.device()};
   const int64_t scratch = needs[2] ? sum_columns_scratch(g2) : 0;
   const Tensor db = needs[2] ? empty({g2.size(1)}, opts) : Tensor();
   Tensor db_scratch = scratch > 0 ? empty({scratch}, opts) : Tensor();
   cuda::Fork bias_sums(needs[2] && g2.is_cuda());
   if (needs[2]) bias_sums.run([&] { sum_columns_into(db, g2, db_scratch); });
-  std::vector<Tensor> matrices{g2};
-  const int iw = needs[0] ? int(matrices.size()) : -1;
-  if (needs[0]) matrices.push_back(w);
-  const int ix = needs[1] ? int(matrices.size()) : -1;
-  if (needs[1]) matrices.push_back(x2);
-  const Fp16Group group = needs[0] || needs[1] ? to_fp16(matrices) : Fp16Group{};
+  const Fp16Group group = needs[0] || needs[1] ? group_of(g2) : Fp16Group{};
   bias_sums.join();
-  matrices.clear();
   g2 = db_scratch = Tensor();
   auto [dx, dw] = projection_grads_fp16(group, iw, ix);
   return Grads{std::move(dx), std::move(dw), db};

@@ -246,6 +246,38 @@ __global__ void rescale_fp16_kernel(const __grid_constant__ Fp16Batch batch) {
   if (kept != batch.first_scale[slot]) convert<kLow>(batch, t, kept);
 }
 
+// regroup_fp16's sources as the kernel reads them.
+struct ScaleSources {
+  const float* scalars[kMaxFp16Group];
+  int index[kMaxFp16Group], shift[kMaxFp16Group];
+  Fp16ScaleSource::Kind kind[kMaxFp16Group];
+  int count;
+  // Matrix i's storage scale s_i, as 1 / s_i (exact: a power of two), and its bound scale.
+  __device__ float inverse(int i) const {
+    const float* x = scalars[i];
+    switch (kind[i]) {
+      case Fp16ScaleSource::kStorage: return fp16_inverse_scale(x, index[i]);
+      case Fp16ScaleSource::kBound: return 1.f / fp16_scale_from_bound(x[kFp16BoundScales + index[i]], shift[i]);
+      default: return ldexpf(1.f, -reinterpret_cast<const int*>(x)[index[i]]);
+    }
+  }
+  __device__ float bound(int i) const {
+    const float* x = scalars[i];
+    switch (kind[i]) {
+      case Fp16ScaleSource::kStorage: return x[kFp16BoundScales + index[i]];
+      case Fp16ScaleSource::kBound: return fp16_scale_from_bound(x[kFp16BoundScales + index[i]], shift[i]);
+      default: return ldexpf(1.f, reinterpret_cast<const int*>(x)[index[i]]);
+    }
+  }
+};
+
+static_assert(kMaxFp16Group * kMaxFp16Group <= 32, "one warp writes a group's alphas");
+__global__ void regroup_scalars_kernel(const __grid_constant__ ScaleSources sources, float* out) {
+  after_previous_kernels();
+  write_fp16_group_scalars(out, 0, sources.count, threadIdx.x, [&](int i) { return sources.inverse(i); },
+                           [&](int i) { return sources.bound(i); });
+}
+
 // ---- y = x W^T + b straight into fp16 (GemmKernels::product_to_fp16): the
 // GEMM's epilogue scales and rounds, so no float y is written or read. Its
 // scale comes before y exists: from a sample of y's elements, computed as
@@ -486,6 +518,19 @@ void GemmKernels<Device::CUDA>::to_fp16(const std::vector<Tensor>& xs, const std
   };
   if (out.lows.empty()) convert_and_rescale(std::false_type{});
   else convert_and_rescale(std::true_type{});
+}
+
+template <>
+void GemmKernels<Device::CUDA>::regroup_scalars(const std::vector<Fp16ScaleSource>& sources, const Tensor& out) {
+  cuda::ScaleSources batch{};
+  batch.count = static_cast<int>(sources.size());
+  for (int i = 0; i < batch.count; ++i) {
+    batch.scalars[i] = sources[i].scalars.data<float>();
+    batch.index[i] = sources[i].index;
+    batch.shift[i] = sources[i].shift;
+    batch.kind[i] = sources[i].kind;
+  }
+  cuda::launch("regroup_fp16", cuda::regroup_scalars_kernel, 1, 32, 0, batch, out.data<float>());
 }
 
 namespace cuda {

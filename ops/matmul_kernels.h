@@ -1,6 +1,7 @@
 // The GEMM problem both back ends solve, and its kernels.
 #pragma once
 #include <cmath>
+#include <functional>
 #include <vector>
 
 #include "core/cuda.h"
@@ -159,6 +160,8 @@ constexpr int64_t kFp16BatchedSlices = 8, kFp16BatchedSliceElements = int64_t(1)
 // no others: a GEMM of the earlier matrices may run beside it), so the group
 // is whole once its last matrix is converted, with to_fp16's scalars.
 Fp16Group fp16_group(const std::vector<Tensor>& xs, bool split = false);
+// An unfilled fp16 matrix [rows, cols] on `device`, its elements two per float32.
+Fp16Matrix allocate_fp16_matrix(int64_t rows, int64_t cols, Device device);
 void convert_to_fp16(const std::vector<Tensor>& xs, const Fp16Group& group, int first_slot = 0);
 // Untracked, CUDA: c = op(A) @ op(B) for matrices a and b of the group, op(x) =
 // x^T where transposed; fp32 accumulation and output, c [n, m] contiguous.
@@ -185,6 +188,37 @@ int64_t gemm_fp16_workspace(const Fp16Group& group, int a, bool transpose_a, int
 // The same into a new float32 c [n, m].
 Tensor gemm_fp16(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b,
                  const Tensor& bias = Tensor());
+
+// A matrix's storage scale from a bound on its values instead of its max:
+// 2^(b - shift), for 2^b the bound scale of a matrix (max |x| 2^b < 2^14,
+// Fp16Group::scalars) whose values bound this one's times 2^shift, so that
+// |y| 2^(b - shift) < 2^14 too. At least 2^-63 (to_fp16's floor: every
+// pair's alpha stays a normal float), where a bound past ~2^77 lets the
+// largest values overflow fp16 as to_fp16's do past 2^79.
+TG_HD float fp16_scale_from_bound(float bound_scale, int shift) {
+  return fmaxf(ldexpf(bound_scale, -shift), 0x1p-63f);
+}
+// A group of fp16 matrices already filled (by to_fp16, a GEMM, a kernel),
+// each taking its scale from somewhere else: a new group whose scalars
+// (alphas of every pair, bound scales) one small kernel writes, so that
+// gemm_fp16 can multiply matrices that were converted apart. A source's
+// scale is
+// - kStorage: slot `index` of the group whose scalars these are (its storage
+//   and bound scales);
+// - kBound: fp16_scale_from_bound of that group's bound scale of slot
+//   `index`, shifted by `shift` (a matrix written at a scale known before it
+//   existed; its bound scale is then that storage scale, an upper bound);
+// - kExponent: 2^e for the int32 e stored at scalars[index] (a matrix
+//   written at a power of two a kernel chose).
+struct Fp16ScaleSource {
+  enum Kind { kStorage, kBound, kExponent };
+  Fp16Matrix matrix;
+  Tensor scalars;
+  int index = 0;
+  Kind kind = kStorage;
+  int shift = 0;
+};
+Fp16Group regroup_fp16(const std::vector<Fp16ScaleSource>& sources);
 
 // A projection's weight and input gradients from one fp16 group holding g =
 // dL/dy2 [rows, out] at slot 0, W [out, in] at iw and x2 [rows, in] at ix
@@ -224,6 +258,13 @@ Tensor linear_forward(const char* op, const Tensor& x2, const Tensor& w, const T
 // when the caller hands over its only handle.
 std::vector<Tensor> linear_backward(Tensor g2, const Tensor& x2, const Tensor& w, const std::vector<bool>& needs,
                                     MatmulPrecision precision, bool half);
+// linear_backward's fp16 path (CUDA float32) with its fp16 group made by
+// group_of(g2): g at slot 0, W at iw and x at ix (-1: not wanted), made
+// where needs[0] or needs[1] asks (converted together, or g converted and
+// regrouped with copies a forward kept). db (needs[2]), g2's column sums,
+// runs on a side stream beside group_of.
+std::vector<Tensor> linear_backward_fp16(Tensor g2, const std::vector<bool>& needs, int iw, int ix,
+                                         const std::function<Fp16Group(const Tensor&)>& group_of);
 
 // The "highest" warpgroup split GEMM (ops/matmul_warpgroup.cu) computes c
 // in tiles of kSplitGemmRows x kSplitGemmCols, one CTA per tile and stretch
@@ -266,6 +307,8 @@ struct GemmKernels {
   // (linear_to_fp16); false where it does not take the product: xw with low parts, no rows, the shapes of
   // try_gemm_fp16_bias's rule, no cuBLASLt algorithm, enable_fp16_product_output(false) (and always on the CPU)
   static bool product_to_fp16(const Fp16Group& xw, const Tensor& bias, const Fp16Group& y);
+  // CUDA only: regroup_fp16's scalars into out ([kFp16Scalars] float32), sources checked
+  static void regroup_scalars(const std::vector<Fp16ScaleSource>& sources, const Tensor& out);
 };
 
 }  // namespace tg

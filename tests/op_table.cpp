@@ -69,6 +69,22 @@ OpCase fused_qkv_masked_row(std::string variant, tg::MatmulPrecision precision, 
           tolerance, uses};
 }
 
+// fused_attention_layer (the core between both projections) with masked
+// keys and p = 0.1 at `precision`; the out-projection's weights as the qkv
+// projection's.
+OpCase fused_layer_masked_row(std::string variant, tg::MatmulPrecision precision, Tolerance tolerance,
+                              unsigned uses) {
+  const auto mask = [](double p_one) { return Input{"B,S", bernoulli(p_one), false}; };
+  return {tg::OpId::fused_attention_layer, std::move(variant),
+          {{"B,S,C"}, {"3C,C", uniform(-0.1, 0.1)}, {"3C"}, mask(0.5), mask(0.85), {"H,M,M", uniform(-0.5, 0.5)},
+           {"H,1,1"}, {"H,1,1"}, {"C,C", uniform(-0.1, 0.1)}, {"C"}},
+          [precision](const V& t, const Dims& d) {
+            return tg::fused_attention_layer(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], d.H,
+                                             {0.1, tg::PhiloxState{5, 9}}, precision);
+          },
+          tolerance, uses};
+}
+
 std::vector<OpCase> build_cases() {
   using tg::OpId;
   auto no_grad = [](std::string s, Draw d = {}) { return Input{std::move(s), d, false}; };
@@ -247,6 +263,20 @@ std::vector<OpCase> build_cases() {
            kGemm, kCheckOnly},
           fused_qkv_masked_row("at \"high\": fp16 key gradients joined into one fp16 dqkv on CUDA",
                                tg::MatmulPrecision::High, kHalfAttention, kParity),
+          fused_layer_masked_row("both projections and the core, masked keys, p = 0.1",
+                                 tg::MatmulPrecision::Default, kGemm, kAllUses),
+          fused_layer_masked_row("at \"high\": one node, the out-projection reading the forward kernel's fp16 o",
+                                 tg::MatmulPrecision::High, kHalfAttention, kParity),
+          {OpId::fused_attention_layer, "at \"high\": no biases, p = 0, a fully masked batch",
+           {{"B,S,C"}, {"3C,C", uniform(-0.1, 0.1)}, no_grad("B,S", bernoulli(0.5)), no_grad("B,S", bernoulli(1.0)),
+            {"H,M,M"}, {"H,1,1"}, {"H,1,1"}, {"C,C", uniform(-0.1, 0.1)}},
+           [](const V& t, const Dims& d) {
+             tg::Tensor a = t[3].clone();
+             a.narrow(0, 0, 1).fill_(0.0);
+             return tg::fused_attention_layer(t[0], t[1], tg::Tensor(), t[2], a, t[4], t[5], t[6], t[7],
+                                              tg::Tensor(), d.H, {}, tg::MatmulPrecision::High);
+           },
+           kHalfAttention, kCheckOnly},
       });
 }
 

@@ -492,6 +492,7 @@ void check_training_matches_decomposed(int64_t B, int64_t S, int64_t C, int64_t 
       const tg::RegionAttentionParams params = host.trainable_copy(tg::Device::CUDA);
       tg::Tensor xg = x.cuda().requires_grad_();
       const tg::Tensor y = tg::region_attention(xg, e.cuda(), a.cuda(), params, {p, rng}, impl);
+      if (name == "fused high") CHECK(y.grad_fn()->name == "fused_attention_layer");  // one node for the layer
       y.backward(dy);
       std::vector<tg::Tensor> r{y, xg.grad()};
       for (const tg::Tensor& t : params.parameters()) r.push_back(t.grad());
@@ -710,9 +711,11 @@ TEST_CASE("fused/training path saves O(B H S) beyond the activations" * doctest:
     const tg::Tensor y = tg::region_attention(x, e, a, params, {0.1}, tg::AttentionImpl::Fused);
     const double held = double(tg::cuda::memory_stats().allocated - before);
     // qkv (fp16 at "high": the kernels' copy, kept in place of the float one), o, y and the
-    // log-sum-exp: no [B,H,S,S] tensor (that alone would be 32 MiB here).
-    const double qkv_bytes = (precision == "high" ? 2.0 : 4.0) * 3 * B * S * C;
-    CHECK(held <= qkv_bytes + 4.0 * (B * S * C + B * S * C + B * H * S) + 64 * 1024);
+    // log-sum-exp, and at "high" (the layer node) o's and Wo's fp16 copies: no [B,H,S,S]
+    // tensor (that alone would be 32 MiB here).
+    const bool high = precision == "high";
+    const double qkv_bytes = (high ? 2.0 : 4.0) * 3 * B * S * C, half_copies = high ? 2.0 * (B * S * C + C * C) : 0.0;
+    CHECK(held <= qkv_bytes + 4.0 * (B * S * C + B * S * C + B * H * S) + half_copies + 64 * 1024);
     y.backward(tg::randn({B, S, C}).cuda());
   }
 }
@@ -807,6 +810,81 @@ TEST_CASE("fused/qkv projection in the node at high: the same as linear_fp16 the
       const tg::Tensor dbk_node = runs[0][3].narrow(0, C, C), dbk_old = runs[1][3].narrow(0, C, C);
       CHECK(max_abs(dbk_node) == 0.0);
       CHECK(max_abs(dbk_old) < 1e-3 * max_abs(runs[1][3]));
+    }
+  }
+}
+
+// The layer node against the two nodes it replaces: fused_qkv_attention, then
+// linear_fp16, which converts o (and Wo, and again both in its backward)
+// with to_fp16. The node's forward kernel writes o's fp16 copy at a scale
+// from v's bound instead; a power-of-two scale changes no significand where
+// the values stay fp16 normals, so the products agree but where they meet
+// subnormals. Each pattern of which leaves want gradients takes its own
+// path through the node's backward (no attention gradient: Wo's copy not
+// kept; dWo without dbo; dbo alone: no conversion). In batch 1 one key,
+// whose row of x is 4x the others' (its v holds qkv's largest values), is
+// every row's only unmasked key: with p = 0.74 (1 / (1 - p) just under 4)
+// the rows that keep it have o = v / (1 - p), o's copy near 2^14, its
+// bound (a scale two powers of two too large would overflow fp16 there).
+// M = 80 lets the warpgroup forward take the bias (M % 4 == 0) on
+// compute capability 9.0; the mma.sync kernels run too.
+TEST_CASE("fused/layer node at high: the same as fused_qkv_attention then linear_fp16" * doctest::skip(kNoGpu)) {
+  tg::manual_seed(108);
+  const int64_t B = 3, S = 77, M = 80, C = 128, H = 2;
+  const PrecisionScope scope("high");
+  const auto normal = [](const tg::Shape& shape, double scale) { return tg::mul(tg::randn(shape), scale).cuda(); };
+  tg::Tensor x_cpu = tg::randn({B, S, C});
+  x_cpu.narrow(0, 1, 1).narrow(1, 17, 1).mul_(4.0);
+  const tg::Tensor x = x_cpu.cuda(), w = normal({3 * C, C}, 0.06), bias = normal({3 * C}, 0.1);
+  const tg::Tensor E = normal({H, M, M}, 0.3), w_in = normal({H, 1, 1}, 1.0), w_x = normal({H, 1, 1}, 1.0);
+  const tg::Tensor wo = normal({C, C}, 0.06), bo = normal({C}, 0.1), dy = normal({B, S, C}, 1.0);
+  const tg::Tensor e = tg::dropout_mask({B, S}, 0.5, {4, 1}).cuda();
+  tg::Tensor a = tg::dropout_mask({B, S}, 0.2, {4, 2});
+  a.narrow(0, 0, 1).fill_(0.0);                 // batch 0 fully masked
+  a.narrow(0, 1, 1).fill_(0.0);
+  a.narrow(0, 1, 1).narrow(1, 17, 1).fill_(1.0);  // batch 1: key 17 alone
+  a = a.cuda();
+  // x, W, b, E, w_in, w_x, Wo, bo
+  const std::vector<std::vector<bool>> patterns{{true, true, true, true, true, true, true, true},
+                                                {false, false, false, false, false, false, true, true},
+                                                {false, true, false, false, false, false, false, true},
+                                                {true, false, false, true, false, false, true, false},
+                                                {false, false, false, false, false, false, false, true}};
+  for (const bool warpgroup : {true, false})
+  for (const double p : {0.1, 0.74}) {
+    const tg::DropoutOptions drop{p, tg::PhiloxState{31, 9}};
+    std::optional<MmaSyncAttention> mma_sync;
+    if (!warpgroup) mma_sync.emplace();
+    for (const std::vector<bool>& wants : patterns) {
+      CAPTURE(warpgroup);
+      CAPTURE(p);
+      CAPTURE(wants);
+      std::vector<std::vector<tg::Tensor>> runs;
+      for (const bool in_node : {true, false}) {
+        std::vector<tg::Tensor> l;
+        size_t k = 0;
+        for (const tg::Tensor& t : {x, w, bias, E, w_in, w_x, wo, bo})
+          l.push_back(t.detach().clone().requires_grad_(wants[k++]));
+        const tg::Tensor y =
+            in_node ? tg::fused_attention_layer(l[0], l[1], l[2], e, a, l[3], l[4], l[5], l[6], l[7], H, drop)
+                    : tg::linear_fp16(tg::fused_qkv_attention(l[0], l[1], l[2], e, a, l[3], l[4], l[5], H, drop), l[6],
+                                      l[7]);
+        REQUIRE(y.grad_fn());
+        CHECK(y.grad_fn()->name == (in_node ? "fused_attention_layer" : "linear_fp16"));
+        y.backward(dy);
+        std::vector<tg::Tensor> r{y};
+        for (const tg::Tensor& t : l) r.push_back(t.grad());
+        runs.push_back(r);
+      }
+      CHECK(max_abs(runs[0][0]) > 0);
+      CHECK(relative_error(runs[0][0], runs[1][0]) < 1e-5);
+      for (size_t i = 1; i < runs[0].size(); ++i) {
+        CAPTURE(i);
+        REQUIRE(runs[0][i].defined() == wants[i - 1]);
+        if (!wants[i - 1]) continue;
+        CHECK(max_abs(runs[0][i]) > 0);
+        CHECK(relative_error(runs[0][i], runs[1][i]) < 1e-4);
+      }
     }
   }
 }

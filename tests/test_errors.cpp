@@ -35,6 +35,30 @@ TEST_CASE("errors/projection_grads_fp16 checks its slots") {
         "projection_grads_fp16: slots 1 (W) and -1 (x) in a group of 0 matrices");
 }
 
+TEST_CASE("errors/regroup_fp16 checks its sources") {
+  const tg::Tensor scalars = tg::zeros({tg::kFp16Scalars}), exponent = tg::zeros({2});
+  const tg::Fp16Matrix m{tg::zeros({6}), 3, 4};
+  using S = tg::Fp16ScaleSource;
+  const auto call = [](const std::vector<S>& sources) { return error_of([&] { tg::regroup_fp16(sources); }); };
+  CHECK(call({}) == "regroup_fp16: takes 1 to 4 matrices, got 0");
+  CHECK(call({{m, scalars, 0}}) == "regroup_fp16: fp16 groups exist on CUDA only");
+  CHECK(call({{m, exponent, 1, S::kExponent}}) == "regroup_fp16: fp16 groups exist on CUDA only");
+  CHECK(call({{m, scalars, 0}, {{tg::zeros({5}), 3, 4}, scalars, 1}}) ==
+        "regroup_fp16: matrix 1 [3, 4] with 5 values on cpu, scalars [" + std::to_string(tg::kFp16Scalars) +
+            "] on cpu: needs its fp16 pairs and scalars, contiguous float32, on cpu");
+  CHECK(call({{m, scalars, 0}, {{tg::zeros({6}, {tg::DType::Float64}), 3, 4}, scalars, 1}}) ==
+        "regroup_fp16: matrix 1 [3, 4] with 6 values on cpu, scalars [" + std::to_string(tg::kFp16Scalars) +
+            "] on cpu: needs its fp16 pairs and scalars, contiguous float32, on cpu");
+  CHECK(call({{m, scalars, 0}, {{tg::Tensor(), 3, 4}, scalars, 1}}) ==
+        "regroup_fp16: matrix 1's values or scalars are undefined");
+  CHECK(call({{m, scalars, 4}}) ==
+        "regroup_fp16: matrix 0's scale at index 4 of " + std::to_string(tg::kFp16Scalars) + " scalars");
+  CHECK(call({{m, exponent, 0}}) == "regroup_fp16: matrix 0's scale at index 0 of 2 scalars");
+  CHECK(call({{m, exponent, 2, S::kExponent}}) == "regroup_fp16: matrix 0's scale at index 2 of 2 scalars");
+  CHECK(call({{m, scalars, 0, S::kBound, 65}}) == "regroup_fp16: matrix 0's shift 65 is outside [0, 64]");
+  CHECK(call({{m, tg::Tensor(), 0}}) == "regroup_fp16: matrix 0's values or scalars are undefined");
+}
+
 TEST_CASE("errors/dtype mismatch names both tensors") {
   const std::string msg = error_of([] { tg::add(tg::zeros({2}), tg::zeros({2}, {tg::DType::Float64})); });
   CHECK(msg == "add: tensors have different dtypes (float32 [2] vs float64 [2])");

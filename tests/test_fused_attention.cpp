@@ -391,6 +391,23 @@ TEST_CASE("errors/benchmark interface: an output over an input or another output
   for (const tg::Tensor& t : tg::fused::outputs_of(g)) CHECK(t.version() == 0);  // refused: no version bumped
 }
 
+TEST_CASE("errors/fused attention layer: both projections' arguments checked, errors naming the layer") {
+  const tg::Tensor x = tg::zeros({1, 3, 5}), W = tg::zeros({24, 5}), b = tg::zeros({24}), Wo = tg::zeros({4, 8});
+  const tg::Tensor e = tg::zeros({1, 3}), a = tg::ones({1, 3}), E = tg::zeros({2, 4, 4}), w = tg::zeros({2, 1, 1});
+  const auto call = [&](const tg::Tensor& xx, const tg::Tensor& WW, const tg::Tensor& bo) {
+    return error_of([&] { tg::fused_attention_layer(xx, W, b, e, a, E, w, w, WW, bo, 2); });
+  };
+  CHECK(call(x, Wo, tg::zeros({4})).empty());
+  CHECK(call(x, Wo, tg::Tensor()).empty());
+  CHECK(call(tg::zeros({3, 5}), Wo, tg::Tensor()) == "fused_attention_layer: x must be [B,S,C], got [3,5]");
+  CHECK(call(x, tg::Tensor(), tg::Tensor()) == "fused_attention_layer: argument 'out_weight' is an undefined tensor");
+  CHECK(call(x, tg::zeros({4, 7}), tg::Tensor()) ==
+        "fused_attention_layer: out_weight must be [out, 8] for the attention's 8 columns, got [4,7]");
+  CHECK(call(x, Wo, tg::zeros({5})) == "fused_attention_layer: out_bias must be [4] for out_weight [4,8], got [5]");
+  CHECK(call(x, Wo, tg::zeros({4}, {tg::DType::Float64})) ==
+        "fused_attention_layer: tensors have different dtypes (float32 [1,3,5] vs float64 [4])");
+}
+
 TEST_CASE("errors/fused qkv attention: every argument checked before the projection runs") {
   const tg::Tensor x = tg::zeros({1, 3, 5}), W = tg::zeros({24, 5}), b = tg::zeros({24});
   const tg::Tensor e = tg::zeros({1, 3}), a = tg::ones({1, 3}), E = tg::zeros({2, 4, 4}), w = tg::zeros({2, 1, 1});
