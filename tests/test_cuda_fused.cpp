@@ -488,7 +488,7 @@ void check_training_matches_decomposed(int64_t B, int64_t S, int64_t C, int64_t 
              {"decomposed", tg::AttentionImpl::Decomposed, "highest"},
              {"fused highest", tg::AttentionImpl::Fused, "highest"},
              {"fused high", tg::AttentionImpl::Fused, "high"}}) {
-      tg::set_float32_matmul_precision(precision);
+      const PrecisionScope scope(precision);  // restored where a check throws, too
       const tg::RegionAttentionParams params = host.trainable_copy(tg::Device::CUDA);
       tg::Tensor xg = x.cuda().requires_grad_();
       const tg::Tensor y = tg::region_attention(xg, e.cuda(), a.cuda(), params, {p, rng}, impl);
