@@ -628,14 +628,11 @@ std::vector<Tensor> out_projection_backward(Tensor g2, int64_t C, const autograd
   });
 }
 
-}  // namespace
-
-Tensor fused_qkv_attention(const Tensor& x, const Tensor& qkv_weight, const Tensor& qkv_bias, const Tensor& edit_mask,
-                           const Tensor& attn_mask, const Tensor& E, const Tensor& w_in, const Tensor& w_x,
-                           int64_t heads, const DropoutOptions& dropout, MatmulPrecision precision_in) {
-  const MatmulPrecision precision = resolve_precision(precision_in);
-  const QkvProjection pr = checked_qkv_projection("fused_qkv_attention", x, qkv_weight, qkv_bias, edit_mask,
-                                                  attn_mask, E, w_in, w_x, heads, dropout, precision);
+// fused_qkv_attention's node on arguments checked_qkv_projection made pr of.
+Tensor qkv_attention_node(const QkvProjection& pr, const Tensor& x, const Tensor& qkv_weight, const Tensor& qkv_bias,
+                          const Tensor& edit_mask, const Tensor& attn_mask, const Tensor& E, const Tensor& w_in,
+                          const Tensor& w_x, int64_t heads, const DropoutOptions& dropout,
+                          MatmulPrecision precision) {
   const autograd::GradMask m = autograd::grad_mask({x, qkv_weight, qkv_bias});
   AttentionInputs in;
   std::vector<Tensor> saved =
@@ -646,6 +643,18 @@ Tensor fused_qkv_attention(const Tensor& x, const Tensor& qkv_weight, const Tens
                               Tensor g, const auto& s, const autograd::GradMask& needs) {
     return qkv_attention_backward(meta, precision, half, x_shape, std::move(g), s, needs);
   });
+}
+
+}  // namespace
+
+Tensor fused_qkv_attention(const Tensor& x, const Tensor& qkv_weight, const Tensor& qkv_bias, const Tensor& edit_mask,
+                           const Tensor& attn_mask, const Tensor& E, const Tensor& w_in, const Tensor& w_x,
+                           int64_t heads, const DropoutOptions& dropout, MatmulPrecision precision_in) {
+  const MatmulPrecision precision = resolve_precision(precision_in);
+  const QkvProjection pr = checked_qkv_projection("fused_qkv_attention", x, qkv_weight, qkv_bias, edit_mask,
+                                                  attn_mask, E, w_in, w_x, heads, dropout, precision);
+  return qkv_attention_node(pr, x, qkv_weight, qkv_bias, edit_mask, attn_mask, E, w_in, w_x, heads, dropout,
+                            precision);
 }
 
 Tensor fused_attention_layer(const Tensor& x, const Tensor& qkv_weight, const Tensor& qkv_bias,
@@ -667,8 +676,8 @@ Tensor fused_attention_layer(const Tensor& x, const Tensor& qkv_weight, const Te
              "] for out_weight ", out_weight.shape(), ", got ", out_bias.shape());
   }
   if (!projection_writes_half_qkv(pr, heads, precision)) {  // two nodes: the core, then the out-projection
-    const Tensor o = fused_qkv_attention(x, qkv_weight, qkv_bias, edit_mask, attn_mask, E, w_in, w_x, heads, dropout,
-                                         precision);
+    const Tensor o =
+        qkv_attention_node(pr, x, qkv_weight, qkv_bias, edit_mask, attn_mask, E, w_in, w_x, heads, dropout, precision);
     return precision == MatmulPrecision::High ? linear_fp16(o, out_weight, out_bias)
                                               : linear(o, out_weight, out_bias, precision);
   }

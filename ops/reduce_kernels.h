@@ -129,10 +129,11 @@ template <Device D>
 void ReduceKernels<D>::sum_columns(const Tensor& x, const Tensor& out, int64_t rows, int64_t cols,
                                    const Tensor& scratch) {
   const int64_t n = column_sums_scratch(rows, cols);
-  TG_CHECK(n == 0 || (scratch.defined() && scratch.dtype() == x.dtype() && scratch.is_contiguous() &&
-                      scratch.numel() >= n),
+  TG_CHECK(n == 0 || (scratch.defined() && scratch.dtype() == x.dtype() && scratch.device() == x.device() &&
+                      scratch.is_contiguous() && scratch.numel() >= n),
            "sum: the column sums of [", rows, ", ", cols, "] need ", n, " contiguous ", dtype_name(x.dtype()),
-           " elements of scratch, got ", scratch.defined() ? to_string(scratch.shape()) : "none");
+           " elements of scratch on ", x.device(), ", got ",
+           scratch.defined() ? std::string(dtype_name(scratch.dtype())) + " " + to_string(scratch.shape()) : "none");
   TG_DISPATCH_FLOAT(x.dtype(), T, [&] {
     column_sums_with<T>(Loop<D>{"sum"}, ReadValue<T>{x.data<T>(), cols}, rows, cols, out.data<T>(),
                         scratch.defined() ? scratch.data<T>() : nullptr);

@@ -19,7 +19,9 @@ TEST_CASE("errors/sum_columns_into checks out and its scratch") {
   const tg::Tensor x = tg::ones({40, 40}), out = tg::zeros({40});
   CHECK(tg::sum_columns_scratch(x) == 120);  // 3 chunks of 16 rows, one level
   CHECK(error_of([&] { tg::sum_columns_into(out, x, tg::zeros({119})); }) ==
-        "sum: the column sums of [40, 40] need 120 contiguous float32 elements of scratch, got [119]");
+        "sum: the column sums of [40, 40] need 120 contiguous float32 elements of scratch on cpu, got float32 [119]");
+  CHECK(error_of([&] { tg::sum_columns_into(out, x, tg::zeros({120}, {tg::DType::Float64})); }) ==
+        "sum: the column sums of [40, 40] need 120 contiguous float32 elements of scratch on cpu, got float64 [120]");
   CHECK(error_of([&] { tg::sum_columns_into(tg::zeros({4, 10}), x, tg::zeros({120})); }) ==
         "sum_columns_into: out must be a contiguous [40] for x [40,40], got [4,10]");
   tg::sum_columns_into(out, x, tg::zeros({120}));
