@@ -252,15 +252,8 @@ struct ScaleSources {
   int index[kMaxFp16Group], shift[kMaxFp16Group];
   Fp16ScaleSource::Kind kind[kMaxFp16Group];
   int count;
-  // Matrix i's storage scale s_i, as 1 / s_i (exact: a power of two), and its bound scale.
-  __device__ float inverse(int i) const {
-    const float* x = scalars[i];
-    switch (kind[i]) {
-      case Fp16ScaleSource::kStorage: return fp16_inverse_scale(x, index[i]);
-      case Fp16ScaleSource::kBound: return 1.f / fp16_scale_from_bound(x[kFp16BoundScales + index[i]], shift[i]);
-      default: return ldexpf(1.f, -reinterpret_cast<const int*>(x)[index[i]]);
-    }
-  }
+  // Matrix i's bound scale, and its storage scale s_i as 1 / s_i (exact: a
+  // power of two). A kBound or kExponent matrix is stored at its bound scale.
   __device__ float bound(int i) const {
     const float* x = scalars[i];
     switch (kind[i]) {
@@ -268,6 +261,9 @@ struct ScaleSources {
       case Fp16ScaleSource::kBound: return fp16_scale_from_bound(x[kFp16BoundScales + index[i]], shift[i]);
       default: return ldexpf(1.f, reinterpret_cast<const int*>(x)[index[i]]);
     }
+  }
+  __device__ float inverse(int i) const {
+    return kind[i] == Fp16ScaleSource::kStorage ? fp16_inverse_scale(scalars[i], index[i]) : 1.f / bound(i);
   }
 };
 
@@ -399,7 +395,6 @@ __global__ void product_amax_kernel(const HalfProduct p) {
   const int64_t count = p.n * p.m, octets = count / 8, step = int64_t(gridDim.x) * blockDim.x;
   const int64_t first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   float m = 0.f;
-#pragma unroll 4
   for (int64_t i = first; i < octets; i += step) {
     const uint4 v = reinterpret_cast<const uint4*>(p.values)[i];  // values: a float tensor's storage, 16-byte aligned
     const __half2* pairs = reinterpret_cast<const __half2*>(&v);

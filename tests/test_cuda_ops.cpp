@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <random>
@@ -252,6 +253,50 @@ int64_t unsampled_row(int64_t n, int64_t m) {
 }
 
 }  // namespace
+
+// regroup_fp16: one kernel writes a group's scalars from matrices converted
+// apart, each source kind's scale read as the header states: kStorage the
+// source group's own slot (its inverse scale and bound scale), kBound that
+// group's bound scale shifted (stored at that scale: the inverse is its
+// reciprocal), kExponent 2^e for an int32 e. Every pair's alpha (and its
+// low-part alpha), each bound scale, beta and one against the host's
+// values, exactly: all are powers of two and their products.
+TEST_CASE("cuda/regroup_fp16: the scalars of matrices converted apart" * doctest::skip(kNoGpu)) {
+  tg::manual_seed(61);
+  const tg::Fp16Group a =
+      tg::to_fp16({tg::mul(tg::randn({4, 6}), 300.0).cuda(), tg::mul(tg::randn({5, 6}), 1e-3).cuda()});
+  const std::vector<double> a_scalars = a.scalars.cpu().to_vector();
+  const int exponent = 5;  // an int32 stored in a float slot: its bits are the denormal 5 * 2^-149
+  float exponent_bits;
+  std::memcpy(&exponent_bits, &exponent, sizeof exponent);
+  const tg::Tensor exponents = tg::from_vector({0.0, double(exponent_bits)}, {2}).cuda();
+  using S = tg::Fp16ScaleSource;
+  const tg::Fp16Group g = tg::regroup_fp16({{a.matrices[1], a.scalars, 1},
+                                            {a.matrices[0], a.scalars, 0, S::kBound, 3},
+                                            {a.matrices[0], exponents, 1, S::kExponent}});
+  REQUIRE(g.matrices.size() == 3);
+  CHECK(g.matrices[0].values.raw_data() == a.matrices[1].values.raw_data());
+  const auto a_scalar = [&](int slot) { return float(a_scalars[size_t(slot)]); };
+  const float bound0 = tg::fp16_scale_from_bound(a_scalar(tg::kFp16BoundScales + 0), 3);
+  const std::vector<float> inverse{std::sqrt(a_scalar((tg::kMaxFp16Group + 1) * 1)), 1.f / bound0,
+                                   std::ldexp(1.f, -exponent)};
+  const std::vector<float> bound{a_scalar(tg::kFp16BoundScales + 1), bound0, std::ldexp(1.f, exponent)};
+  const std::vector<double> got = g.scalars.cpu().to_vector();
+  for (int i = 0; i < 3; ++i) {
+    CAPTURE(i);
+    CHECK(got[size_t(tg::kFp16BoundScales + i)] == bound[size_t(i)]);
+    for (int j = 0; j < 3; ++j) {
+      CAPTURE(j);
+      const size_t pair = size_t(i * tg::kMaxFp16Group + j);
+      CHECK(got[pair] == inverse[size_t(i)] * inverse[size_t(j)]);
+      CHECK(got[tg::kFp16LowAlphas + pair] == inverse[size_t(i)] * inverse[size_t(j)] / tg::kFp16LowFactor);
+    }
+  }
+  CHECK(got[tg::kFp16Beta] == 0.0);
+  CHECK(got[tg::kFp16One] == 1.0);
+  CHECK(inverse[0] != inverse[1]);  // the three kinds give three different scales here
+  CHECK(inverse[1] != inverse[2]);
+}
 
 // linear_to_fp16: the GEMM writes y = x W^T + b as fp16 at 2^e: every
 // element (the allocator's NaN poison under it) within fp16's roundings of
