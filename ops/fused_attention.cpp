@@ -475,18 +475,19 @@ std::vector<Tensor> half_qkv_projection_backward(AttentionInputs& in, AttentionG
   gt.dout_half = {};
   gt.dq = gt.lse = gt.delta = Tensor();
   // x's and w's fp16 copies (x for dW, w for dx) beside dq's reduction and
-  // the join, off the step's critical path. They are allocated once the
-  // kernel is done and q, k, v's copy is freed: at 8 x 1024 the step's peak
-  // grows by 5 MiB (bench/NOTES.md version 53).
+  // the join, off the step's critical path. They are allocated after the
+  // kernel in stream order, once q, k, v's copy is freed: at 8 x 1024 the
+  // step's peak grows by 5 MiB (bench/NOTES.md version 53).
+  const bool projection_grads = needs[0] || needs[1];
   std::vector<Tensor> operands;
   if (needs[1]) operands.push_back(x2);
   if (needs[0]) operands.push_back(w);
-  const Fp16Group converted = operands.empty() ? Fp16Group{} : fp16_group(operands);
-  cuda::Fork convert_operands(!operands.empty());
-  if (!operands.empty()) convert_operands.run([&] { convert_to_fp16(operands, converted); });
+  const Fp16Group converted = projection_grads ? fp16_group(operands) : Fp16Group{};
+  cuda::Fork convert_operands(projection_grads);
+  if (projection_grads) convert_operands.run([&] { convert_to_fp16(operands, converted); });
   TG_DISPATCH_DEVICE(dq, FusedAttentionKernels, reduce_dq, dq, kv, d);  // dbq, and dq's max for join_half_qkv
   const Tensor db = kv.db;
-  if (operands.empty()) return {Tensor(), Tensor(), autograd::keep_if(needs[2], db)};
+  if (!projection_grads) return {Tensor(), Tensor(), autograd::keep_if(needs[2], db)};
 
   const Tensor dqkv_values = empty({rows * 3 * C / 2}, opts);
   TG_DISPATCH_DEVICE(dq, FusedAttentionKernels, join_half_qkv, dq, kv, d, dqkv_values);
