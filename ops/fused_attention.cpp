@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -569,21 +570,31 @@ bool projection_writes_half_qkv(const QkvProjection& pr, int64_t heads, MatmulPr
 
 // The projection and the core's forward: the core's inputs (in) and its
 // saved tensors, then x2 (for dW) and w (for dx) where wanted (m: x's,
-// qkv_weight's); o_half as core_forward's.
+// qkv_weight's); o_half as core_forward's. With the fp16 projection, the
+// core's forward kernel reads qkv's copy at its first scale while its max is
+// found on a side stream, and before_core (where given) runs before the
+// kernel, while qkv's scalars are those of the first scale
+// (start_linear_to_fp16).
 std::vector<Tensor> qkv_attention_forward(const QkvProjection& pr, const Tensor& qkv_bias, const Tensor& edit_mask,
                                           const Tensor& attn_mask, const Tensor& E, const Tensor& w_in,
                                           const Tensor& w_x, int64_t heads, const DropoutOptions& dropout,
                                           MatmulPrecision precision, const autograd::GradMask& m,
-                                          AttentionInputs& in, const Tensor& o_half = Tensor()) {
+                                          AttentionInputs& in, const Tensor& o_half = Tensor(),
+                                          const std::function<void(const AttentionInputs&)>& before_core = {}) {
   const bool half_copy = projection_writes_half_qkv(pr, heads, precision);
   const Tensor qkv = half_copy ? Tensor()
                                : linear_forward(pr.op, pr.x2, pr.w, qkv_bias, precision, pr.half)
                                      .view(pr.qkv_shape);
-  Fp16Group qkv_half =
-      half_copy ? linear_to_fp16(pr.x2, pr.w, qkv_bias.defined() ? materialize(qkv_bias) : Tensor()) : Fp16Group{};
-  in = core_inputs_of(pr.qkv_shape, qkv, std::move(qkv_half), edit_mask, attn_mask, E, w_in, w_x, heads);
+  const Tensor bias = half_copy && qkv_bias.defined() ? materialize(qkv_bias) : Tensor();
+  const Fp16Product qkv_half = half_copy ? start_linear_to_fp16(pr.x2, pr.w, bias) : Fp16Product{};
+  in = core_inputs_of(pr.qkv_shape, qkv, qkv_half.y, edit_mask, attn_mask, E, w_in, w_x, heads);
   draw_dropout(dropout, in);
+  if (before_core) before_core(in);
+  cuda::Fork qkv_amax(qkv_half.pending);
+  qkv_amax.run([&] { find_fp16_product_amax(qkv_half); });
   std::vector<Tensor> saved = core_forward(in, precision, o_half);
+  qkv_amax.join();
+  finish_fp16_product(qkv_half);
   saved.push_back(autograd::keep_if(m[1], pr.x2));  // dW = dqkv^T x
   saved.push_back(autograd::keep_if(m[0], pr.w));   // dx = dqkv W
   return saved;
@@ -694,17 +705,19 @@ Tensor fused_attention_layer(const Tensor& x, const Tensor& qkv_weight, const Te
   const autograd::GradMask m = autograd::grad_mask({x, qkv_weight, qkv_bias, E, w_in, w_x, out_weight, out_bias});
   const Tensor wo = materialize(out_weight);
   const Fp16Group wo_half = fp16_group({wo});
-  cuda::Fork convert_wo(true);  // Wo's copy beside the projection and the core
+  cuda::Fork convert_wo(true);  // Wo's copy beside the projection
   convert_wo.run([&] { convert_to_fp16({wo}, wo_half); });
   const int64_t rows = pr.qkv_shape[0] * pr.qkv_shape[1];
   const Fp16Matrix o_half = allocate_fp16_matrix(rows, C, x.device());
   AttentionInputs in;
+  Fp16Group out_group;  // {Wo, o}, o at the scale the kernel writes it: from qkv's bound scale at its first scale
+  const auto regroup_out = [&](const AttentionInputs& core) {
+    convert_wo.join();
+    out_group = regroup_fp16({{wo_half.matrices[0], wo_half.scalars, 0},
+                              {o_half, core.qkv_half.scalars, 0, Fp16ScaleSource::kBound, keep_scale_exponent(core.p)}});
+  };
   std::vector<Tensor> saved = qkv_attention_forward(pr, qkv_bias, edit_mask, attn_mask, E, w_in, w_x, heads, dropout,
-                                                    precision, m, in, o_half.values);
-  convert_wo.join();
-  const Fp16Group out_group = regroup_fp16({{wo_half.matrices[0], wo_half.scalars, 0},
-                                            {o_half, in.qkv_half.scalars, 0, Fp16ScaleSource::kBound,
-                                             keep_scale_exponent(in.p)}});
+                                                    precision, m, in, o_half.values, regroup_out);
   const Tensor y = gemm_fp16(out_group, 1, false, 0, true, out_bias.defined() ? materialize(out_bias) : Tensor());
   const bool attention_grads = m[0] || m[1] || m[2] || m[3] || m[4] || m[5];
   if (!attention_grads) std::fill(saved.begin(), saved.end(), Tensor());  // the core's backward will not run

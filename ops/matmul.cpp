@@ -168,6 +168,16 @@ bool GemmKernels<Device::CPU>::product_to_fp16(const Fp16Group&, const Tensor&, 
 }
 
 template <>
+void GemmKernels<Device::CPU>::product_amax(const Fp16Group&) {
+  TG_FAIL("linear_to_fp16: fp16 products run on CUDA only");
+}
+
+template <>
+void GemmKernels<Device::CPU>::finish_product(const Fp16Group&) {
+  TG_FAIL("linear_to_fp16: fp16 products run on CUDA only");
+}
+
+template <>
 void GemmKernels<Device::CPU>::regroup_scalars(const std::vector<Fp16ScaleSource>&, const Tensor&) {
   TG_FAIL("regroup_fp16: fp16 groups exist on CUDA only");
 }
@@ -447,7 +457,7 @@ std::pair<Tensor, Tensor> projection_grads_fp16(const Fp16Group& group, int iw, 
   return {std::move(dx), dw};
 }
 
-Fp16Group linear_to_fp16(const Tensor& x2, const Tensor& w, const Tensor& b) {
+Fp16Product start_linear_to_fp16(const Tensor& x2, const Tensor& w, const Tensor& b) {
   const char* op = "linear_to_fp16";
   check_fp16_matrices(op, {x2, w});
   TG_CHECK(x2.size(1) == w.size(1), op, ": x ", x2.shape(), " and W ", w.shape(), " differ in their inner size");
@@ -456,8 +466,23 @@ Fp16Group linear_to_fp16(const Tensor& x2, const Tensor& w, const Tensor& b) {
   const Fp16Group y{{allocate_fp16_matrix(x2.size(0), w.size(0), x2.device())},
                     empty({kFp16Scalars}, {DType::Float32, x2.device()}),
                     {}};
-  if (TG_DISPATCH_DEVICE(x2, GemmKernels, product_to_fp16, xw, b, y)) return y;
-  return to_fp16({gemm_fp16(xw, 0, false, 1, true)}, {b});
+  if (TG_DISPATCH_DEVICE(x2, GemmKernels, product_to_fp16, xw, b, y)) return {y, true};
+  return {to_fp16({gemm_fp16(xw, 0, false, 1, true)}, {b}), false};
+}
+
+void find_fp16_product_amax(const Fp16Product& product) {
+  if (product.pending) TG_DISPATCH_DEVICE(product.y.scalars, GemmKernels, product_amax, product.y);
+}
+
+void finish_fp16_product(const Fp16Product& product) {
+  if (product.pending) TG_DISPATCH_DEVICE(product.y.scalars, GemmKernels, finish_product, product.y);
+}
+
+Fp16Group linear_to_fp16(const Tensor& x2, const Tensor& w, const Tensor& b) {
+  const Fp16Product product = start_linear_to_fp16(x2, w, b);
+  find_fp16_product_amax(product);
+  finish_fp16_product(product);
+  return product.y;
 }
 
 Tensor linear_forward(const char* op, const Tensor& x2, const Tensor& w, const Tensor& b, MatmulPrecision precision,

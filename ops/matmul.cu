@@ -277,9 +277,10 @@ __global__ void regroup_scalars_kernel(const __grid_constant__ ScaleSources sour
 // ---- y = x W^T + b straight into fp16 (GemmKernels::product_to_fp16): the
 // GEMM's epilogue scales and rounds, so no float y is written or read. Its
 // scale comes before y exists: from a sample of y's elements, computed as
-// dot products, unless a bound on |y| says that scale could overflow. Then
-// y's true max is found and the scale kept or y rescaled in place, with
-// to_fp16's window and scalars.
+// dot products, unless a bound on |y| says that scale could overflow. Until
+// y's true max is found, y's scalars describe that first scale (a kernel may
+// read y then: start_linear_to_fp16); then the scale is kept or y rescaled
+// in place, with to_fp16's window and scalars.
 
 // The output group's scratch (zeroed first): y's largest finite |y| 2^e as
 // bits (matrix 0's amax slot, of the scaled values here), the sample's
@@ -341,7 +342,9 @@ __device__ float first_product_scale(const HalfProduct& p, float sample, float2 
 // x and W (finite elements) and elements of the sample (fp16_sample_index
 // over y: y_ij = x_i . w_j times the pair's alpha, plus b_j), the maxima
 // into the scratch; the last block done takes the first scale, the GEMM's
-// alpha and the scaled bias.
+// alpha, the scaled bias and y's scalars at the first scale: its inverse,
+// and first / 4 as the bound scale (|y| first < 2^15 by the choice of
+// first, so |y| first / 4 < 2^13).
 __global__ void sample_product_kernel(const HalfProduct p) {
   after_previous_kernels();
   const int lane = threadIdx.x % 32;
@@ -382,6 +385,7 @@ __global__ void sample_product_kernel(const HalfProduct p) {
   const auto read = [&](int slot) { return __uint_as_float(atomicOr(bits + slot, 0u)); };  // the atomics' results
   const float first = first_product_scale(p, read(kSampleAmax), float2{read(kRowNormX), read(kRowNormW)}, bias_amax);
   if (threadIdx.x == 0) p.y[kProductScale] = first, p.y[kProductAlpha] = xw_alpha * first;
+  write_fp16_group_scalars(p.y, 0, 1, threadIdx.x, [&](int) { return 1.f / first; }, [&](int) { return first / 4; });
   for (int64_t c = threadIdx.x; p.bias && c < p.m; c += blockDim.x)
     p.scaled_bias[c] = __float2half_rn(p.bias[c] * first);
 }
@@ -804,14 +808,37 @@ bool GemmKernels<Device::CUDA>::product_to_fp16(const Fp16Group& xw, const Tenso
   LtProduct product;
   describe_lt_product(product, x, false, w, true, n, m, k, p.scaled_bias, p.values, CUDA_R_16F);
   if (!product.algo) return false;
-  const char* op = "linear_to_fp16";
   fill_into(y.scalars, 0.0);  // a kernel, which overlaps its neighbours' launches (a memset would not)
-  launch(op, sample_product_kernel, std::min(grid_for(32 * (n + m)), 4 * context().sm_count), kThreads, 0, p);
-  if (!run_lt_product(product, x, w, p.y + kProductAlpha, p.y + kFp16Beta, p.values)) return false;
-  const int blocks = std::min(grid_for((n * m + 7) / 8), 8 * context().sm_count);
-  launch(op, product_amax_kernel, blocks, kThreads, 0, p);
-  launch(op, finish_product_kernel, std::min(grid_for((n * m + 1) / 2), 2 * context().sm_count), kThreads, 0, p);
-  return true;
+  launch("linear_to_fp16", sample_product_kernel, std::min(grid_for(32 * (n + m)), 4 * context().sm_count), kThreads,
+         0, p);
+  return run_lt_product(product, x, w, p.y + kProductAlpha, p.y + kFp16Beta, p.values);
+}
+
+namespace {
+
+// What steps 3 and 4 read: y's values, sizes and scalars.
+cuda::HalfProduct product_output(const Fp16Group& y) {
+  const Fp16Matrix& values = y.matrices[0];
+  return {nullptr, nullptr, nullptr, nullptr, y.scalars.data<float>(), nullptr,
+          reinterpret_cast<__half*>(values.values.data<float>()), values.rows, values.cols, 0};
+}
+
+}  // namespace
+
+template <>
+void GemmKernels<Device::CUDA>::product_amax(const Fp16Group& y) {
+  using namespace cuda;
+  const HalfProduct p = product_output(y);
+  launch("linear_to_fp16", product_amax_kernel, std::min(grid_for((p.n * p.m + 7) / 8), 8 * context().sm_count),
+         kThreads, 0, p);
+}
+
+template <>
+void GemmKernels<Device::CUDA>::finish_product(const Fp16Group& y) {
+  using namespace cuda;
+  const HalfProduct p = product_output(y);
+  launch("linear_to_fp16", finish_product_kernel, std::min(grid_for((p.n * p.m + 1) / 2), 2 * context().sm_count),
+         kThreads, 0, p);
 }
 
 namespace cuda {

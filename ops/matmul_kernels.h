@@ -247,6 +247,22 @@ std::pair<Tensor, Tensor> projection_grads_fp16(const Fp16Group& group, int iw, 
 // tg::cuda::enable_fp16_product_output(false)): the float product, then
 // to_fp16 with the bias.
 Fp16Group linear_to_fp16(const Tensor& x2, const Tensor& w, const Tensor& b);
+// linear_to_fp16 in its three steps, for a caller whose kernel reads y while
+// y's true max is found beside it (the fused attention's forward kernel).
+// start_linear_to_fp16 leaves y at its first scale 2^e, its scalars
+// describing that scale, with 2^(e - 2) as its bound scale (|y| 2^e < 2^15);
+// find_fp16_product_amax (any stream, after the start) finds y's true max;
+// finish_fp16_product (after every reader of the first scale and after the
+// amax) keeps e or rescales y in place and writes linear_to_fp16's scalars.
+// Where the fp16 GEMM does not run, y is final at the start (pending false)
+// and the other two steps do nothing.
+struct Fp16Product {
+  Fp16Group y;
+  bool pending = false;  // the amax and finish steps still to run
+};
+Fp16Product start_linear_to_fp16(const Tensor& x2, const Tensor& w, const Tensor& b);
+void find_fp16_product_amax(const Fp16Product& product);
+void finish_fp16_product(const Fp16Product& product);
 
 // linear's two halves, untracked, for ops that hold a projection too: y2 =
 // x2 W^T + b (x2 [rows, in], w [out, in], b [out] or undefined), with half
@@ -307,6 +323,10 @@ struct GemmKernels {
   // (linear_to_fp16); false where it does not take the product: xw with low parts, no rows, the shapes of
   // try_gemm_fp16_bias's rule, no cuBLASLt algorithm, enable_fp16_product_output(false) (and always on the CPU)
   static bool product_to_fp16(const Fp16Group& xw, const Tensor& bias, const Fp16Group& y);
+  // CUDA only: product_to_fp16's y, its true max found (find_fp16_product_amax), then its scale kept or y
+  // rescaled and its scalars written (finish_fp16_product)
+  static void product_amax(const Fp16Group& y);
+  static void finish_product(const Fp16Group& y);
   // CUDA only: regroup_fp16's scalars into out ([kFp16Scalars] float32), sources checked
   static void regroup_scalars(const std::vector<Fp16ScaleSource>& sources, const Tensor& out);
 };

@@ -307,7 +307,9 @@ TEST_CASE("cuda/regroup_fp16: the scalars of matrices converted apart" * doctest
 // elements: the sample is all of it. The shapes the epilogue does not take
 // (m or k of 1) go through the float product and to_fp16 (the GEMM's alpha
 // slot is never written there: the allocator's NaN); zeros; a bias of the
-// wrong size.
+// wrong size. Each case also in linear_to_fp16's three steps
+// (start_linear_to_fp16, then the amax and the finish): y at its first
+// scale and scalars that describe it in between, the same y at the end.
 TEST_CASE("cuda/linear_to_fp16: the GEMM writes y's fp16 copy at to_fp16's scales" * doctest::skip(kNoGpu)) {
   tg::manual_seed(53);
   struct Case {
@@ -370,20 +372,25 @@ TEST_CASE("cuda/linear_to_fp16: the GEMM writes y's fp16 copy at to_fp16's scale
     const std::vector<double> v = fp16_elements(y.matrices[0]), sc = y.scalars.cpu().to_vector();
     const std::vector<double> x = c.x.to_vector(), w = c.w.to_vector();
     const std::vector<double> b = c.b.defined() ? c.b.to_vector() : std::vector<double>(size_t(m), 0.0);
-    const double s = 1 / std::sqrt(sc[0]);  // alpha(0, 0) = 1 / s^2
-    int64_t off = 0;
-    double stored_max = 0;
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t j = 0; j < m; ++j) {
-        double exact = b[size_t(j)], size = std::abs(b[size_t(j)]);
-        for (int64_t t = 0; t < k; ++t) {
-          exact += x[size_t(i * k + t)] * w[size_t(j * k + t)];
-          size += std::abs(x[size_t(i * k + t)] * w[size_t(j * k + t)]);
+    // The elements stored at scale s off the float64 product by more than fp16's roundings, and their max.
+    const auto off_and_max = [&](const std::vector<double>& stored, double s) {
+      int64_t off = 0;
+      double stored_max = 0;
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < m; ++j) {
+          double exact = b[size_t(j)], size = std::abs(b[size_t(j)]);
+          for (int64_t t = 0; t < k; ++t) {
+            exact += x[size_t(i * k + t)] * w[size_t(j * k + t)];
+            size += std::abs(x[size_t(i * k + t)] * w[size_t(j * k + t)]);
+          }
+          const double got = stored[size_t(i * m + j)];
+          off += !(std::abs(got / s - exact) <= 0x1p-9 * size + 0x1p-24 / s);
+          stored_max = std::max(stored_max, std::abs(got));
         }
-        const double got = v[size_t(i * m + j)];
-        off += !(std::abs(got / s - exact) <= 0x1p-9 * size + 0x1p-24 / s);
-        stored_max = std::max(stored_max, std::abs(got));
-      }
+      return std::pair{off, stored_max};
+    };
+    const double s = 1 / std::sqrt(sc[0]);  // alpha(0, 0) = 1 / s^2
+    const auto [off, stored_max] = off_and_max(v, s);
     CHECK(off == 0);
     CHECK(std::log2(s) == std::round(std::log2(s)));
     CHECK(sc[tg::kFp16Beta] == 0.0);
@@ -393,6 +400,25 @@ TEST_CASE("cuda/linear_to_fp16: the GEMM writes y's fp16 copy at to_fp16's scale
     if (c.epilogue >= 0) CHECK(epilogue == bool(c.epilogue));
     else MESSAGE(std::string(c.name) << ": cuBLASLt " << std::string(epilogue ? "took" : "refused") << " the fp16 GEMM");
     if (epilogue) CHECK((s > first) - (s < first) == c.rescaled);
+    // The three steps apart: after the start, y at the first scale with
+    // scalars that say so (the bound scale first / 4: |y| first < 2^15);
+    // after the amax and the finish, linear_to_fp16's y and scalars.
+    const tg::Fp16Product steps = tg::start_linear_to_fp16(c.x.cuda(), c.w.cuda(), c.b.defined() ? c.b.cuda() : c.b);
+    CHECK(steps.pending == epilogue);
+    if (steps.pending) {
+      const std::vector<double> at_first = steps.y.scalars.cpu().to_vector();
+      const auto [first_off, first_max] = off_and_max(fp16_elements(steps.y.matrices[0]), first);
+      CHECK(first_off == 0);
+      CHECK(first_max < 0x1p15);
+      CHECK(at_first[0] == 1 / (first * first));
+      CHECK(at_first[tg::kFp16BoundScales] == first / 4);
+    }
+    tg::find_fp16_product_amax(steps);
+    tg::finish_fp16_product(steps);
+    CHECK(fp16_elements(steps.y.matrices[0]) == v);
+    const std::vector<double> finished = steps.y.scalars.cpu().to_vector();
+    CHECK(finished[0] == sc[0]);
+    CHECK(finished[tg::kFp16BoundScales] == sc[tg::kFp16BoundScales]);
     if (stored_max == 0) {
       CHECK(s == 1.0);
       continue;
