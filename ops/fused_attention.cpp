@@ -570,11 +570,11 @@ bool projection_writes_half_qkv(const QkvProjection& pr, int64_t heads, MatmulPr
 
 // The projection and the core's forward: the core's inputs (in) and its
 // saved tensors, then x2 (for dW) and w (for dx) where wanted (m: x's,
-// qkv_weight's); o_half as core_forward's. With the fp16 projection, the
-// core's forward kernel reads qkv's copy at its first scale while its max is
-// found on a side stream, and before_core (where given) runs before the
-// kernel, while qkv's scalars are those of the first scale
-// (start_linear_to_fp16).
+// qkv_weight's); o_half as core_forward's. Where the fp16 projection's GEMM
+// runs (start_linear_to_fp16), the core's forward kernel reads qkv's copy at
+// its first scale while its max is found on a side stream, and before_core
+// (where given) runs before the kernel, while qkv's scalars are those of
+// the first scale.
 std::vector<Tensor> qkv_attention_forward(const QkvProjection& pr, const Tensor& qkv_bias, const Tensor& edit_mask,
                                           const Tensor& attn_mask, const Tensor& E, const Tensor& w_in,
                                           const Tensor& w_x, int64_t heads, const DropoutOptions& dropout,

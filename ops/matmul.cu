@@ -343,8 +343,9 @@ __device__ float first_product_scale(const HalfProduct& p, float sample, float2 
 // over y: y_ij = x_i . w_j times the pair's alpha, plus b_j), the maxima
 // into the scratch; the last block done takes the first scale, the GEMM's
 // alpha, the scaled bias and y's scalars at the first scale: its inverse,
-// and first / 4 as the bound scale (|y| first < 2^15 by the choice of
-// first, so |y| first / 4 < 2^13).
+// and first / 4 as the bound scale (|y| first <= 2^15 by the choice of
+// first, the bias's and y's fp16 roundings included, below a max of ~2^78
+// where first reaches its 2^-63 floor; so |y| first / 4 <= 2^13).
 __global__ void sample_product_kernel(const HalfProduct p) {
   after_previous_kernels();
   const int lane = threadIdx.x % 32;

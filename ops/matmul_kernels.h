@@ -72,8 +72,10 @@ struct Fp16Matrix {
 struct Fp16Group {
   std::vector<Fp16Matrix> matrices;
   // float32: the alpha of pair (i, j) at i kMaxFp16Group + j; 0 (beta) at
-  // kFp16Beta; at kFp16BoundScales + i, 2^b_i with max |x_i| 2^b_i in [2^13,
-  // 2^14), for bounds on products of the kernel's own (ops/fused_attention.cu);
+  // kFp16Beta; at kFp16BoundScales + i, 2^b_i with max |x_i| 2^b_i under
+  // 2^14 (in [2^13, 2^14) where it comes from the true max; lower from a bound:
+  // start_linear_to_fp16's), for bounds on products of the kernel's own
+  // (ops/fused_attention.cu);
   // from kFp16Scratch the conversion's scratch (two values per matrix, which
   // a later part of a group converted in parts reads: kept until then); 1 at
   // kFp16One (the beta that accumulates); the pairs' alphas times 2^-11 from
@@ -250,7 +252,7 @@ Fp16Group linear_to_fp16(const Tensor& x2, const Tensor& w, const Tensor& b);
 // linear_to_fp16 in its three steps, for a caller whose kernel reads y while
 // y's true max is found beside it (the fused attention's forward kernel).
 // start_linear_to_fp16 leaves y at its first scale 2^e, its scalars
-// describing that scale, with 2^(e - 2) as its bound scale (|y| 2^e < 2^15);
+// describing that scale, with 2^(e - 2) as its bound scale (|y| 2^e <= 2^15);
 // find_fp16_product_amax (any stream, after the start) finds y's true max;
 // finish_fp16_product (after every reader of the first scale and after the
 // amax) keeps e or rescales y in place and writes linear_to_fp16's scalars.
@@ -319,8 +321,8 @@ struct GemmKernels {
   // cuBLASLt algorithm for it (and always on the CPU)
   static bool try_gemm_fp16_bias(const Fp16Group& group, int a, bool transpose_a, int b, bool transpose_b,
                                  const Tensor& bias, const Tensor& c);
-  // CUDA: y's one fp16 matrix and scalars = x W^T + bias from xw = {x, W} by one cuBLASLt GEMM writing fp16
-  // (linear_to_fp16); false where it does not take the product: xw with low parts, no rows, the shapes of
+  // CUDA: y's one fp16 matrix = x W^T + bias from xw = {x, W} by one cuBLASLt GEMM writing fp16, at its
+  // first scale, with scalars for that scale (start_linear_to_fp16); false where it does not take the product: xw with low parts, no rows, the shapes of
   // try_gemm_fp16_bias's rule, no cuBLASLt algorithm, enable_fp16_product_output(false) (and always on the CPU)
   static bool product_to_fp16(const Fp16Group& xw, const Tensor& bias, const Fp16Group& y);
   // CUDA only: product_to_fp16's y, its true max found (find_fp16_product_amax), then its scale kept or y

@@ -817,15 +817,16 @@ TEST_CASE("fused/qkv projection in the node at high: the same as linear_fp16 the
 // The layer node against the two nodes it replaces: fused_qkv_attention, then
 // linear_fp16, which converts o (and Wo, and again both in its backward)
 // with to_fp16. The node's forward kernel writes o's fp16 copy at a scale
-// from v's bound instead; a power-of-two scale changes no significand where
-// the values stay fp16 normals, so the products agree but where they meet
-// subnormals. Each pattern of which leaves want gradients takes its own
-// path through the node's backward (no attention gradient: Wo's copy not
-// kept; dWo without dbo; dbo alone: no conversion). In batch 1 one key,
-// whose row of x is 4x the others' (its v holds qkv's largest values), is
-// every row's only unmasked key: with p = 0.74 (1 / (1 - p) just under 4)
-// the rows that keep it have o = v / (1 - p), o's copy near 2^14, its
-// bound (a scale two powers of two too large would overflow fp16 there).
+// from a bound on v instead (qkv's first scale's); a power-of-two scale
+// changes no significand where the values stay fp16 normals, so the
+// products agree but where they meet subnormals. Each pattern of which
+// leaves want gradients takes its own path through the node's backward (no
+// attention gradient: Wo's copy not kept; dWo without dbo; dbo alone: no
+// conversion). In batch 1 one key, whose row of x is 4x the others' (its v
+// holds qkv's largest values), is every row's only unmasked key: with p =
+// 0.74 (1 / (1 - p) just under 4) the rows that keep it have o = v / (1 -
+// p), o's largest values (its copy stays well under the bound's 2^13 here:
+// qkv's first scale leaves qkv's max far under the 2^15 it guarantees).
 // M = 80 lets the warpgroup forward take the bias (M % 4 == 0) on
 // compute capability 9.0; the mma.sync kernels run too.
 TEST_CASE("fused/layer node at high: the same as fused_qkv_attention then linear_fp16" * doctest::skip(kNoGpu)) {
