@@ -817,29 +817,28 @@ bool GemmKernels<Device::CUDA>::product_to_fp16(const Fp16Group& xw, const Tenso
 
 namespace {
 
-// What steps 3 and 4 read: y's values, sizes and scalars.
-cuda::HalfProduct product_output(const Fp16Group& y) {
+// Step 3 or 4 over y (product_to_fp16's output): `per_thread` elements a
+// thread, at most `per_sm` blocks an SM; the kernels read y's values, sizes
+// and scalars.
+void launch_over_product(void (*kernel)(cuda::HalfProduct), const Fp16Group& y, int64_t per_thread, int per_sm) {
+  using namespace cuda;
   const Fp16Matrix& values = y.matrices[0];
-  return {nullptr, nullptr, nullptr, nullptr, y.scalars.data<float>(), nullptr,
-          reinterpret_cast<__half*>(values.values.data<float>()), values.rows, values.cols, 0};
+  const HalfProduct p{nullptr, nullptr, nullptr, nullptr, y.scalars.data<float>(), nullptr,
+                      reinterpret_cast<__half*>(values.values.data<float>()), values.rows, values.cols, 0};
+  const int blocks = std::min(grid_for((p.n * p.m + per_thread - 1) / per_thread), per_sm * context().sm_count);
+  launch("linear_to_fp16", kernel, blocks, kThreads, 0, p);
 }
 
 }  // namespace
 
 template <>
 void GemmKernels<Device::CUDA>::product_amax(const Fp16Group& y) {
-  using namespace cuda;
-  const HalfProduct p = product_output(y);
-  launch("linear_to_fp16", product_amax_kernel, std::min(grid_for((p.n * p.m + 7) / 8), 8 * context().sm_count),
-         kThreads, 0, p);
+  launch_over_product(cuda::product_amax_kernel, y, 8, 8);
 }
 
 template <>
 void GemmKernels<Device::CUDA>::finish_product(const Fp16Group& y) {
-  using namespace cuda;
-  const HalfProduct p = product_output(y);
-  launch("linear_to_fp16", finish_product_kernel, std::min(grid_for((p.n * p.m + 1) / 2), 2 * context().sm_count),
-         kThreads, 0, p);
+  launch_over_product(cuda::finish_product_kernel, y, 2, 2);
 }
 
 namespace cuda {
