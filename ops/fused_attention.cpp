@@ -538,22 +538,31 @@ struct QkvProjection {
   bool half;
 };
 
+// A projection's weight [rows, in] and optional bias [rows], in x's dtype
+// and on its device; errors name op, the arguments and what the weight
+// reads (input).
+void check_projection_weight(const char* op, const Tensor& x, const char* weight_name, const Tensor& weight,
+                             const char* rows, int64_t in, const std::string& input, const char* bias_name,
+                             const Tensor& bias) {
+  check_defined(op, weight_name, weight);
+  TG_CHECK(weight.dim() == 2 && weight.size(1) == in, op, ": ", weight_name, " must be [", rows, ", ", in, "] for ",
+           input, ", got ", weight.shape());
+  check_same_dtype_device(op, x, weight);
+  if (!bias.defined()) return;
+  check_same_dtype_device(op, x, bias);
+  TG_CHECK(bias.shape() == Shape{weight.size(0)}, op, ": ", bias_name, " must be [", weight.size(0), "] for ",
+           weight_name, " ", weight.shape(), ", got ", bias.shape());
+}
+
 // The checks of fused_qkv_attention's arguments, errors naming op; precision resolved.
 QkvProjection checked_qkv_projection(const char* op, const Tensor& x, const Tensor& qkv_weight,
                                      const Tensor& qkv_bias, const Tensor& edit_mask, const Tensor& attn_mask,
                                      const Tensor& E, const Tensor& w_in, const Tensor& w_x, int64_t heads,
                                      const DropoutOptions& dropout, MatmulPrecision precision) {
   check_defined(op, "x", x);
-  check_defined(op, "qkv_weight", qkv_weight);
   TG_CHECK(x.dim() == 3, op, ": x must be [B,S,C], got ", x.shape());
-  TG_CHECK(qkv_weight.dim() == 2 && qkv_weight.size(1) == x.size(2), op, ": qkv_weight must be [3 H D, ", x.size(2),
-           "] for x ", x.shape(), ", got ", qkv_weight.shape());
-  check_same_dtype_device(op, x, qkv_weight);
-  if (qkv_bias.defined()) {
-    check_same_dtype_device(op, x, qkv_bias);
-    TG_CHECK(qkv_bias.shape() == Shape{qkv_weight.size(0)}, op, ": qkv_bias must be [", qkv_weight.size(0),
-             "] for qkv_weight ", qkv_weight.shape(), ", got ", qkv_bias.shape());
-  }
+  check_projection_weight(op, x, "qkv_weight", qkv_weight, "3 H D", x.size(2), "x " + to_string(x.shape()),
+                          "qkv_bias", qkv_bias);
   const Shape qkv_shape{x.size(0), x.size(1), qkv_weight.size(0)};
   check_core_args(op, "the projection x W^T", qkv_shape, x, edit_mask, attn_mask, E, w_in, w_x, heads);
   check_dropout(op, dropout);
@@ -685,15 +694,8 @@ Tensor fused_attention_layer(const Tensor& x, const Tensor& qkv_weight, const Te
   const QkvProjection pr = checked_qkv_projection(op, x, qkv_weight, qkv_bias, edit_mask, attn_mask, E, w_in, w_x,
                                                   heads, dropout, precision);
   const int64_t C = pr.qkv_shape[2] / 3;
-  check_defined(op, "out_weight", out_weight);
-  TG_CHECK(out_weight.dim() == 2 && out_weight.size(1) == C, op, ": out_weight must be [out, ", C,
-           "] for the attention's ", C, " columns, got ", out_weight.shape());
-  check_same_dtype_device(op, x, out_weight);
-  if (out_bias.defined()) {
-    check_same_dtype_device(op, x, out_bias);
-    TG_CHECK(out_bias.shape() == Shape{out_weight.size(0)}, op, ": out_bias must be [", out_weight.size(0),
-             "] for out_weight ", out_weight.shape(), ", got ", out_bias.shape());
-  }
+  check_projection_weight(op, x, "out_weight", out_weight, "out", C,
+                          "the attention's " + std::to_string(C) + " columns", "out_bias", out_bias);
   if (!projection_writes_half_qkv(pr, heads, precision)) {  // two nodes: the core, then the out-projection
     const Tensor o =
         qkv_attention_node(pr, x, qkv_weight, qkv_bias, edit_mask, attn_mask, E, w_in, w_x, heads, dropout, precision);
